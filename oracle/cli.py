@@ -1,0 +1,92 @@
+"""The `oracle` command. Imports torch and engines lazily, so --help and config errors are instant.
+
+Expected errors (config, model, engine) become one line on stderr and an exit code:
+0 every required check passed, 1 a required check failed or was vacuous, 2 usage or config
+error, 3 engine or infrastructure error (the partial report is still written), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from oracle.errors import OracleError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oracle", description="Bitwise determinism test oracle for LLM inference.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run every check of a config and write a report")
+    r.add_argument("config", type=Path)
+    r.add_argument("--report-dir", type=Path, default=None, help="where report.json goes (default: the config's)")
+    r.add_argument("--seed", type=int, default=None, help="schedule seed (default: the config's, else random)")
+    r.add_argument("--trials", type=int, default=None, help="override schedule.trials")
+
+    m = sub.add_parser("model", help="make checkpoints")
+    msub = m.add_subparsers(dest="model_command", required=True)
+    mk = msub.add_parser("make", help="write an HF-format checkpoint with seeded random weights")
+    mk.add_argument("preset")
+    mk.add_argument("dir", type=Path)
+    mk.add_argument("--seed", type=int, default=0)
+    msub.add_parser("presets", help="list the presets")
+
+    c = sub.add_parser("config", help="config helpers")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    csub.add_parser("schema", help="print the config's JSON Schema")
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from oracle.config import load_config
+
+    overrides = {"schedule.trials": args.trials} if args.trials is not None else None
+    config = load_config(args.config, overrides)
+    from oracle.render.console import ConsoleObserver, make_console, print_summary
+    from oracle.runner import run
+
+    console = make_console()
+    report_dir = args.report_dir or Path(config.report_dir)
+    report = run(config, seed=args.seed, observer=ConsoleObserver(console), report_dir=report_dir)
+    print_summary(console, report, str(report_dir / "report.json"))
+    if report.error:
+        print(f"oracle: error: {report.error} (partial report in {report_dir})", file=sys.stderr)
+    return report.exit_code()
+
+
+def _model(args: argparse.Namespace) -> int:
+    from oracle.models import PRESETS, make_model
+
+    if args.model_command == "presets":
+        for name, preset in PRESETS.items():
+            print(f"{name}: {preset}")
+        return 0
+    path = make_model(args.preset, args.dir, seed=args.seed)
+    print(f"wrote {args.preset} (seed {args.seed}) to {path}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from oracle.config import Config
+
+    print(json.dumps(Config.model_json_schema(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"run": _run, "model": _model, "config": _config}
+    try:
+        return handlers[args.command](args)
+    except OracleError as e:
+        print(f"oracle: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("oracle: interrupted (partial report written)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Bitwise comparison of two completions of the same target.
+
+Token ids are compared as ints; logprobs and logits by their float32 bit patterns, so -0.0
+and 0.0 differ and NaNs with different payloads differ. ULP distance is the distance between
+two float32 values on the ordered integer line of their bit patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from oracle.engines.base import Completion
+
+
+def f32_bits(x: float) -> int:
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def ulp_distance(a: float, b: float) -> int:
+    """Number of float32 values between a and b (0 when bitwise equal)."""
+
+    def ordered(x: float) -> int:
+        bits = f32_bits(x)
+        return bits if bits < 0x80000000 else 0x80000000 - bits
+
+    return abs(ordered(a) - ordered(b))
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place two outputs of one target differ. `kind`: token | logprob | logits | length."""
+
+    step: int
+    kind: str
+    expected_token: int | None
+    actual_token: int | None
+    expected_logprob: float | None
+    actual_logprob: float | None
+    ulp: int | None
+    max_abs_logits_diff: float | None
+    reference_margin: float | None  # reference top-1 minus top-2 logit at this step
+    first_token_step: int | None  # first step whose sampled token differs, if any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _logits_equal(a: Completion, b: Completion, i: int) -> tuple[bool | None, float | None]:
+    """(rows bitwise equal, max abs diff) at step i, or (None, None) when neither carries logits."""
+    if a.logits is not None and b.logits is not None and i < len(a.logits) and i < len(b.logits):
+        ra = np.asarray(a.logits[i], dtype=np.float32)
+        rb = np.asarray(b.logits[i], dtype=np.float32)
+        if ra.shape != rb.shape:
+            return False, None
+        same = bool(np.array_equal(ra.view(np.uint32), rb.view(np.uint32)))
+        return same, float(np.max(np.abs(ra.astype(np.float64) - rb.astype(np.float64))))
+    if a.logits_digests is not None and b.logits_digests is not None and i < min(
+        len(a.logits_digests), len(b.logits_digests)
+    ):
+        return a.logits_digests[i] == b.logits_digests[i], None
+    return None, None
+
+
+def first_divergence(expected: Completion, actual: Completion) -> Divergence | None:
+    """Compare `actual` against `expected` step by step; None when every compared bit agrees."""
+    n = min(len(expected.token_ids), len(actual.token_ids))
+    first_token = next((i for i in range(n) if expected.token_ids[i] != actual.token_ids[i]), None)
+    for i in range(n):
+        et, at = expected.token_ids[i], actual.token_ids[i]
+        el, al = expected.logprobs[i], actual.logprobs[i]
+        logits_same, max_abs = _logits_equal(expected, actual, i)
+        lp_same = f32_bits(el) == f32_bits(al)
+        if et == at and lp_same and logits_same is not False:
+            continue
+        kind = "token" if et != at else ("logprob" if not lp_same else "logits")
+        margin = None
+        if expected.top2 and i < len(expected.top2):
+            margin = float(expected.top2[i][0] - expected.top2[i][1])
+        return Divergence(
+            step=i, kind=kind, expected_token=et, actual_token=at, expected_logprob=el, actual_logprob=al,
+            ulp=ulp_distance(el, al), max_abs_logits_diff=max_abs, reference_margin=margin,
+            first_token_step=first_token,
+        )
+    if len(expected.token_ids) != len(actual.token_ids):
+        return Divergence(
+            step=n, kind="length", expected_token=expected.token_ids[n] if n < len(expected.token_ids) else None,
+            actual_token=actual.token_ids[n] if n < len(actual.token_ids) else None,
+            expected_logprob=None, actual_logprob=None, ulp=None, max_abs_logits_diff=None,
+            reference_margin=None, first_token_step=first_token,
+        )
+    return None

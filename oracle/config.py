@@ -1,0 +1,193 @@
+"""The run configuration: pydantic models, and the only place YAML is read.
+
+Validation errors are rewritten once, here, into a `ConfigError` that names the file, the
+field path and the line it sits on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from oracle.errors import ConfigError
+
+Requirement = Literal["required", "warn", "off"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_range(v: tuple[int, int], name: str) -> tuple[int, int]:
+    lo, hi = v
+    if lo > hi:
+        raise ValueError(f"{name} range [{lo}, {hi}] is empty: min > max")
+    return v
+
+
+class EngineConfig(_Strict):
+    kind: str = Field("native", description="native | vllm | openai | transformers | package.module:Class")
+    device: str = Field("cpu", description="torch device for in-process engines: cpu, cuda, cuda:1")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_num_seqs: int = Field(256, ge=1, description="most sequences in one forward pass")
+    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one forward pass")
+    enable_chunked_prefill: bool = True
+    block_size: int = Field(16, ge=1, description="KV cache block size (tokens)")
+    preload: list[str] = Field(default_factory=list, description="modules imported in the engine's process first")
+    options: dict[str, Any] = Field(default_factory=dict, description="passed as keyword arguments to a custom engine")
+
+
+class RandomPrompts(_Strict):
+    count: int = Field(8, ge=1)
+    min_len: int = Field(4, ge=1)
+    max_len: int = Field(32, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _lengths(self) -> RandomPrompts:
+        _check_range((self.min_len, self.max_len), "prompt length")
+        return self
+
+
+class PromptsConfig(_Strict):
+    texts: list[str] | None = Field(None, description="literal prompts, tokenized with the model's tokenizer")
+    file: str | None = Field(None, description='JSONL file, one {"prompt": ...} or {"prompt_token_ids": [...]} a line')
+    random: RandomPrompts | None = Field(None, description="random token sequences")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PromptsConfig:
+        given = [n for n in ("texts", "file", "random") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of texts, file, random (got {', '.join(given) or 'none'})")
+        if self.texts is not None and not self.texts:
+            raise ValueError("texts is empty")
+        return self
+
+
+class SamplingConfig(_Strict):
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    seed: int = 0
+    logits: Literal["full", "digest", "none"] = Field("full", description="compare full logits rows, digests, or none")
+
+
+class ScheduleConfig(_Strict):
+    trials: int = Field(50, ge=1, description="trials drawn per run")
+    seed: int | None = Field(None, description="schedule seed; random (and printed) when absent")
+    batch_size: tuple[int, int] = Field((1, 16), description="[min, max] requests in a trial, target included")
+    filler_len: tuple[int, int] = Field((1, 32), description="[min, max] filler prompt length (tokens)")
+    filler_max_tokens: tuple[int, int] = Field((1, 16), description="[min, max] tokens a filler generates")
+    arrival_step: tuple[int, int] = Field((0, 0), description="[min, max] engine step at which a request arrives")
+    max_num_batched_tokens: tuple[int, int] | None = Field(
+        None, description="[min, max] token budget per trial (chunked prefill); engine's value when absent")
+    repeat_trials: int = Field(10, ge=0, description="trials run twice per mode for repeatability")
+
+    @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
+    @classmethod
+    def _range(cls, v: tuple[int, int] | None, info: Any) -> tuple[int, int] | None:
+        if v is None:
+            return v
+        if v[0] < (1 if info.field_name != "arrival_step" else 0):
+            raise ValueError(f"{info.field_name} min must be >= {1 if info.field_name != 'arrival_step' else 0}")
+        return _check_range(v, info.field_name)
+
+
+class ChecksConfig(_Strict):
+    invariance: Requirement = "required"
+    repeatability: Requirement = "required"
+    drift: Literal["report", "off"] = "report"
+
+
+class Config(_Strict):
+    model: str = Field(description="preset:NAME (made into a cache on first use) or a checkpoint directory")
+    model_seed: int = Field(0, description="weights seed for preset models")
+    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
+    prompts: PromptsConfig
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)  # type: ignore[arg-type]
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)  # type: ignore[arg-type]
+    report_dir: str = Field("oracle-report", description="report folder, relative to the working directory")
+    base_dir: str = Field(".", description="folder relative paths resolve against (the config file's, by default)")
+
+    def digest(self) -> str:
+        """sha256 of the resolved config, canonical JSON (sorted keys)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def resolve_path(self, p: str) -> Path:
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else Path(self.base_dir) / path
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config; raises ConfigError naming the file, field and line on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{where}: malformed YAML: {problem}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data.setdefault("base_dir", str(path.parent.resolve()))
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    return parse_config(data, source=str(path), text=text)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err["loc"]]
+        field = ".".join(loc) or "<root>"
+        line = _line_of(text, err["loc"]) if text else None
+        where = f"{source}:{line}" if line else source
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "missing":
+            msg = "required field missing"
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise ConfigError(f"{where}: {field}: {msg}{more}") from e
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest YAML node on `loc` that exists in the file."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line

@@ -1,0 +1,64 @@
+"""Engine adapters and the one function that builds them from the config."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from oracle.config import EngineConfig
+from oracle.engines.base import Engine, Mode
+from oracle.errors import ConfigError, EngineError
+
+BUILTIN = ("native",)
+
+
+def check_engine_config(cfg: EngineConfig) -> None:
+    """Fail fast, before any model is made: the kind exists and every import resolves."""
+    for i, module in enumerate(cfg.preload):
+        _import(module, f"engine.preload.{i}")
+    if ":" in cfg.kind:
+        module, _, name = cfg.kind.partition(":")
+        if not callable(getattr(_import(module, "engine.kind"), name, None)):
+            raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
+    elif cfg.kind not in BUILTIN:
+        raise ConfigError(f"engine.kind: {cfg.kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")
+
+
+def _import(module: str, field: str) -> object:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{field}: cannot import {module!r} ({e})") from e
+
+
+def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
+    """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`."""
+    for i, module in enumerate(cfg.preload):
+        _import(module, f"engine.preload.{i}")
+    if cfg.kind == "native":
+        from oracle.engines.native import NativeEngine
+
+        try:
+            return NativeEngine(
+                model_dir, mode, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens, enable_chunked_prefill=cfg.enable_chunked_prefill,
+                block_size=cfg.block_size, **cfg.options,
+            )
+        except TypeError as e:
+            raise ConfigError(f"engine.options: {e}") from e
+    if ":" in cfg.kind:
+        module, _, name = cfg.kind.partition(":")
+        cls = getattr(_import(module, "engine.kind"), name, None)
+        if cls is None or not callable(cls):
+            raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
+        try:
+            engine = cls(model=model_dir, mode=mode, **cfg.options)
+        except TypeError as e:
+            raise ConfigError(f"engine.options: {cfg.kind}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - a user's engine may raise anything while starting
+            raise EngineError(f"engine {cfg.kind} failed to start: {type(e).__name__}: {e}") from e
+        missing = [m for m in ("generate", "describe", "close") if not callable(getattr(engine, m, None))]
+        if missing:
+            raise ConfigError(f"engine.kind: {cfg.kind} lacks {', '.join(missing)} (see the engine protocol)")
+        return engine  # type: ignore[no-any-return]
+    raise ConfigError(f"engine.kind: {cfg.kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")

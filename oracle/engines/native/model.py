@@ -1,0 +1,134 @@
+"""Qwen3 and Llama decoders in plain torch over a flattened token layout.
+
+Every tensor that flows between layers is `[num_tokens, hidden]`: the tokens of all sequences
+in the step laid end to end, as vLLM does. Attention is the one op that needs sequence
+boundaries; it goes through `oracle_kernels.paged_attention`, so that batch-invariant kernels
+can replace it without touching the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import oracle_kernels
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of an HF `config.json` that the decoder needs."""
+
+    architecture: str  # "qwen3" | "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    eos_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The flattened inputs of one forward pass.
+
+    input_ids, positions, slot_mapping: [T]; block_tables: [B, max_blocks]; seq_lens: [B];
+    query_start_loc: [B + 1]; logits_indices: [R] rows of the hidden state to project to logits.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    logits_indices: torch.Tensor
+    num_kv_splits: int
+
+
+class Decoder:
+    """Weights plus the forward pass. Holds no per-request state: the KV cache is passed in."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        self.w = weights
+        c = config
+        # [D/2] rotary frequencies, computed in float32 as HF does.
+        self.inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device) / c.head_dim)
+        )
+        self.lm_head = weights["lm_head.weight"] if not c.tie_word_embeddings else weights["model.embed_tokens.weight"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.w["model.embed_tokens.weight"].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w["model.embed_tokens.weight"].dtype
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # HF computes the norm in float32 and casts back before scaling by the weight.
+        xf = x.to(torch.float32)
+        y = F.rms_norm(xf, (xf.shape[-1],), eps=self.config.rms_norm_eps)
+        return weight * y.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, H, D]; cos, sin: [T, 1, D]. Rotate-half layout, as in HF Llama/Qwen.
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # [T, D/2] angles by elementwise product (exact, no reduction), then [T, 1, D].
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    def forward(
+        self, inputs: StepInputs, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Run all layers; returns float32 logits [R, vocab] for `inputs.logits_indices`."""
+        c = self.config
+        w = self.w
+        num_tokens = inputs.input_ids.shape[0]
+        h = F.embedding(inputs.input_ids, w["model.embed_tokens.weight"])  # [T, hidden]
+        cos, sin = self._rope_tables(inputs.positions)
+        scale = c.head_dim**-0.5
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            x = self._rms_norm(h, w[p + "input_layernorm.weight"])
+            q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
+            k = F.linear(x, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
+            v = F.linear(x, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
+            q = q.view(num_tokens, c.num_heads, c.head_dim)  # [T, Hq, D]
+            k = k.view(num_tokens, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
+            v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
+            if c.architecture == "qwen3":
+                q = self._rms_norm(q, w[p + "self_attn.q_norm.weight"])
+                k = self._rms_norm(k, w[p + "self_attn.k_norm.weight"])
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            k_cache, v_cache = kv_caches[i]  # [num_blocks, block_size, Hkv, D]
+            # Write this step's keys and values into their paged slots.
+            k_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = k
+            v_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = v
+            attn = oracle_kernels.paged_attention(
+                q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
+                scale, inputs.num_kv_splits,
+            )  # [T, Hq, D]
+            h = h + F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
+            x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
+            gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
+            up = F.linear(x, w[p + "mlp.up_proj.weight"])
+            h = h + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+        h = self._rms_norm(h[inputs.logits_indices], w["model.norm.weight"])  # [R, hidden]
+        return F.linear(h, self.lm_head).to(torch.float32)  # [R, vocab]

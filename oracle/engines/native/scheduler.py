@@ -1,0 +1,160 @@
+"""Continuous batching with a token budget, chunked prefill and arrival steps. Imports no torch.
+
+Each engine step the scheduler picks which sequences run and how many of their tokens, the
+model runner runs them, and the scheduler records the sampled tokens. The policy follows
+vLLM's v1 scheduler: running sequences first (one decode token, or the next prefill chunk),
+then waiting ones while `max_num_seqs` and `max_num_batched_tokens` allow.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from oracle.errors import EngineError
+
+
+class Status(Enum):
+    PENDING = "pending"  # not yet arrived
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """One request's state inside the engine."""
+
+    index: int  # position in the caller's request list
+    prompt_len: int
+    tokens: list[int]  # prompt + generated
+    max_tokens: int
+    arrival_step: int
+    stop_token_id: int | None = None
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_prefill_passes: int = 0
+    status: Status = Status.PENDING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < self.prompt_len
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    is_prefill: bool
+
+    @property
+    def completes(self) -> bool:
+        """True when this pass computes the sequence's last known token, so it samples a new one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+class BlockAllocator:
+    """Free list over the KV cache's blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.free: deque[int] = deque(range(num_blocks))
+
+    def ensure(self, seq: Sequence, num_tokens: int) -> None:
+        """Give `seq` enough blocks to hold `num_tokens` positions."""
+        needed = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if needed > len(self.free):
+            raise EngineError(f"KV cache out of blocks ({len(self.free)} free, {needed} needed)")
+        for _ in range(needed):
+            seq.block_table.append(self.free.popleft())
+
+    def release(self, seq: Sequence) -> None:
+        self.free.extend(seq.block_table)
+        seq.block_table = []
+
+
+class Scheduler:
+    def __init__(
+        self,
+        seqs: list[Sequence],
+        allocator: BlockAllocator,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool,
+    ) -> None:
+        self.pending = sorted(seqs, key=lambda s: (s.arrival_step, s.index))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.num_unfinished = len(seqs)
+        too_long = [s for s in seqs if s.prompt_len > max_num_batched_tokens and not enable_chunked_prefill]
+        if too_long:
+            raise EngineError(
+                f"prompt of {too_long[0].prompt_len} tokens exceeds max_num_batched_tokens="
+                f"{max_num_batched_tokens} with chunked prefill off"
+            )
+
+    def is_done(self) -> bool:
+        return self.num_unfinished == 0
+
+    def schedule(self, step: int) -> list[ScheduledSeq]:
+        while self.pending and self.pending[0].arrival_step <= step:
+            seq = self.pending.pop(0)
+            seq.status = Status.WAITING
+            self.waiting.append(seq)
+        budget = self.max_num_batched_tokens
+        batch: list[ScheduledSeq] = []
+        for seq in self.running:
+            if budget == 0:
+                break
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.is_prefill and n < seq.prompt_len - seq.num_computed_tokens and not self.enable_chunked_prefill:
+                continue
+            self.allocator.ensure(seq, seq.num_computed_tokens + n)
+            batch.append(ScheduledSeq(seq, n, seq.is_prefill))
+            budget -= n
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens, budget)
+            if n < seq.num_tokens and not self.enable_chunked_prefill:
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            self.allocator.ensure(seq, n)
+            batch.append(ScheduledSeq(seq, n, True))
+            budget -= n
+        return batch
+
+    def update(self, batch: list[ScheduledSeq], sampled: dict[int, int]) -> None:
+        """Record a pass: advance computed counts and append sampled tokens (by sequence index)."""
+        for item in batch:
+            seq = item.seq
+            if item.is_prefill:
+                seq.num_prefill_passes += 1
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.index not in sampled:
+                continue
+            token = sampled[seq.index]
+            seq.tokens.append(token)
+            if seq.num_generated >= seq.max_tokens or token == seq.stop_token_id:
+                seq.status = Status.FINISHED
+                self.running.remove(seq)
+                self.allocator.release(seq)
+                self.num_unfinished -= 1

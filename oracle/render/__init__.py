@@ -1,0 +1,1 @@
+"""Renderers of a Report: console now; JSON is Report.write."""

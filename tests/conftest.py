@@ -1,0 +1,29 @@
+"""Shared fixtures. `tests/support` is importable so configs can name `fake_engine:FakeEngine`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SUPPORT = Path(__file__).parent / "support"
+sys.path.insert(0, str(SUPPORT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for the session, so presets are made once."""
+    path = tmp_path_factory.mktemp("models")
+    os.environ["ORACLE_CACHE_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(model_cache: Path) -> Path:
+    from oracle.models import ensure_model
+
+    return ensure_model("tiny-qwen3", cache_dir=model_cache)

@@ -1,0 +1,67 @@
+"""A fake engine for unit tests of the harness: outputs are a pure function of the prompt,
+except where a planted fault makes them depend on the batch.
+
+Every request shares each step with all requests that have arrived and not finished, so the
+evidence is real for the fake's own schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from oracle.engines.base import Completion, Mode, Request, StepEvidence
+
+
+def _value(prompt: tuple[int, ...], step: int) -> tuple[int, float]:
+    h = hashlib.sha256(repr((prompt, step)).encode()).digest()
+    return h[0] % 97, -float(h[1] + 1) / 64.0
+
+
+class FakeEngine:
+    def __init__(self, model: Path, mode: Mode, *, diverge_from_batch: int | None = None,
+                 diverge_mode: str = "invariant", diverge_step: int = 0, diverge_not_first: bool = False,
+                 fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False) -> None:
+        self.mode = mode
+        self.diverge_from_batch = diverge_from_batch
+        self.diverge_mode = diverge_mode
+        self.diverge_step = diverge_step
+        self.diverge_not_first = diverge_not_first
+        self.fail_after_calls = fail_after_calls
+        self.always_alone = always_alone
+        self.flip_token = flip_token
+        self.calls = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "fake", "invariance_mechanism": "none (fake)"}
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        self.calls += 1
+        if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
+            raise RuntimeError("planted engine failure")
+        batch = 1 if self.always_alone else len(requests)
+        out = []
+        for pos, r in enumerate(requests):
+            c = Completion(r.request_id, [], [], top2=[])
+            for step in range(r.sampling.max_tokens):
+                token, lp = _value(r.prompt_token_ids, step)
+                planted = (
+                    self.diverge_from_batch is not None and self.mode == self.diverge_mode
+                    and batch >= self.diverge_from_batch and step >= self.diverge_step
+                    and not (self.diverge_not_first and pos == 0)
+                )
+                if planted:
+                    lp = lp + 2.0**-20  # a few ULPs away
+                    if self.flip_token:
+                        token = (token + 1) % 97
+                c.token_ids.append(token)
+                c.logprobs.append(lp)
+                c.top2.append((1.0, 0.5))  # type: ignore[union-attr]
+                c.evidence.append(StepEvidence(step, batch, batch, step == 0, token_index=step))
+            out.append(c)
+        return out

@@ -1,0 +1,87 @@
+"""The harness end to end over a fake engine with planted faults: each check fails what it must."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oracle.cli import main
+from oracle.config import parse_config
+from oracle.runner import run
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> Path:
+    d = tmp_path / "fake-model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"vocab_size": 97}))
+    return d
+
+
+def _config(model: Path, tmp_path: Path, **options: Any) -> dict[str, Any]:
+    return {
+        "model": str(model),
+        "engine": {"kind": "fake_engine:FakeEngine", "options": options},
+        "prompts": {"random": {"count": 3, "min_len": 2, "max_len": 5}},
+        "sampling": {"max_tokens": 4},
+        "schedule": {"trials": 20, "seed": 7, "batch_size": [1, 12], "repeat_trials": 3},
+        "report_dir": str(tmp_path / "report"),
+    }
+
+
+def test_clean_engine_passes(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path)))
+    assert report.check("invariance").verdict == "pass"  # type: ignore[union-attr]
+    assert report.check("repeatability").verdict == "pass"  # type: ignore[union-attr]
+    assert report.exit_code() == 0
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert {"oracle_version", "seed", "config", "config_digest", "environment", "checks", "divergences",
+            "timings"} <= written.keys()
+    assert written["seed"] == 7
+
+
+def test_planted_invariant_fault_fails_invariance(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=5, diverge_step=2)))
+    inv = report.check("invariance")
+    assert inv is not None and inv.verdict == "fail" and report.exit_code() == 1
+    recs = [d for d in report.divergences if d.check == "invariance"]
+    assert recs and all(d.step == 2 and d.kind == "logprob" and d.trial["fillers"] is not None for d in recs)
+    assert all(len(d.trial["fillers"]) + 1 >= 5 for d in recs)  # type: ignore[index]
+    assert all(d.ulp is not None and d.ulp > 0 for d in recs)
+
+
+def test_token_flip_is_reported_as_token(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=2, flip_token=True)))
+    recs = [d for d in report.divergences if d.check == "invariance"]
+    assert recs and recs[0].kind == "token" and recs[0].first_token_step == 0
+    assert recs[0].expected_token != recs[0].actual_token
+
+
+def test_production_fault_is_drift_not_failure(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=3, diverge_mode="production")))
+    assert report.check("invariance").verdict == "pass"  # type: ignore[union-attr]
+    drift = report.check("drift")
+    assert drift is not None and drift.divergent > 0 and drift.requirement == "report"
+    assert report.exit_code() == 0
+
+
+def test_never_batched_is_vacuous(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path, always_alone=True)))
+    assert report.check("invariance").verdict == "vacuous"  # type: ignore[union-attr]
+    assert report.exit_code() == 1
+
+
+def test_engine_dying_mid_run_exits_3_with_partial_report(fake_model: Path, tmp_path: Path) -> None:
+    cfg = _config(fake_model, tmp_path, fail_after_calls=10)
+    path = tmp_path / "c.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path)]) == 3
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert "planted engine failure" in written["error"] and written["complete"] is False
+    inv = next(c for c in written["checks"] if c["name"] == "invariance")
+    assert 0 < inv["trials"] < 20  # what completed before the failure is judged
