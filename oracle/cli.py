@@ -25,6 +25,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None, help="schedule seed (default: the config's, else random)")
     r.add_argument("--trials", type=int, default=None, help="override schedule.trials")
 
+    rp = sub.add_parser("replay", help="rerun one trial of a report and show its divergence")
+    rp.add_argument("report", type=Path)
+    rp.add_argument("--trial", type=int, required=True)
+    rp.add_argument("--mode", choices=["invariant", "production"], default=None,
+                    help="default: the mode the report's divergence was found in")
+
+    rec = sub.add_parser("record", help="write a golden file of the invariant references")
+    rec.add_argument("config", type=Path)
+    rec.add_argument("--golden", type=Path, required=True)
+
     m = sub.add_parser("model", help="make checkpoints")
     msub = m.add_subparsers(dest="model_command", required=True)
     mk = msub.add_parser("make", help="write an HF-format checkpoint with seeded random weights")
@@ -56,6 +66,40 @@ def _run(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from oracle.render.console import make_console
+    from oracle.replay import replay
+
+    r = replay(args.report, args.trial, args.mode)
+    console = make_console()
+    t = r.trial
+    console.print(f"trial {t.trial_id} ({r.mode}): batch {t.batch_size}, target {t.target} at position "
+                  f"{t.position}, budget {t.max_num_batched_tokens}")
+    d = r.divergence
+    if d is None:
+        console.print("no divergence: the target is bitwise equal to its solo run")
+        return 0
+    console.print(f"divergence at step {d.step} ({d.kind}): token {d.expected_token} -> {d.actual_token}, "
+                  f"logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP {d.ulp}, "
+                  f"max |dlogit| {d.max_abs_logits_diff}, margin {d.reference_margin}")
+    if r.recorded is not None:
+        same = r.recorded["step"] == d.step and r.recorded["kind"] == d.kind and r.recorded["ulp"] == d.ulp
+        console.print("same as the report" if same else f"the report had step {r.recorded['step']} "
+                      f"({r.recorded['kind']}, ULP {r.recorded['ulp']})")
+    return 1
+
+
+def _record(args: argparse.Namespace) -> int:
+    from oracle.config import load_config
+    from oracle.render.console import ConsoleObserver, make_console
+    from oracle.runner import record_golden
+
+    config = load_config(args.config)
+    golden = record_golden(config, args.golden, ConsoleObserver(make_console()))
+    print(f"wrote {len(golden['targets'])} target digests to {args.golden}")
+    return 0
+
+
 def _model(args: argparse.Namespace) -> int:
     from oracle.models import PRESETS, make_model
 
@@ -77,7 +121,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _run, "model": _model, "config": _config}
+    handlers = {"run": _run, "replay": _replay, "record": _record, "model": _model, "config": _config}
     try:
         return handlers[args.command](args)
     except OracleError as e:

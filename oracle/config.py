@@ -86,6 +86,8 @@ class ScheduleConfig(_Strict):
     max_num_batched_tokens: tuple[int, int] | None = Field(
         None, description="[min, max] token budget per trial (chunked prefill); engine's value when absent")
     repeat_trials: int = Field(10, ge=0, description="trials run twice per mode for repeatability")
+    shrink: bool = Field(True, description="shrink a failing invariance trial to a minimal one with hypothesis")
+    max_shrink_runs: int = Field(200, ge=0, description="engine runs spent shrinking at most")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
     @classmethod
@@ -97,10 +99,57 @@ class ScheduleConfig(_Strict):
         return _check_range(v, info.field_name)
 
 
+class CheckConfig(_Strict):
+    """A check's requirement; a plain string in YAML (`fidelity: warn`) sets just this."""
+
+    requirement: Requirement = "required"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"requirement": v} if isinstance(v, str) else v
+
+
+class FidelityConfig(CheckConfig):
+    max_logprob_diff: float = Field(1e-3, gt=0, description="max |logprob(invariant) - logprob(production)|, solo")
+    max_kl: float = Field(1e-3, gt=0, description="max KL(production || invariant) per step, from full logits rows")
+    near_tie: float = Field(1e-2, ge=0, description="a token flip is allowed where the top-1/top-2 logit margin is below this")
+
+
+class DriftConfig(CheckConfig):
+    requirement: Literal["report", "required", "warn", "off"] = "report"  # type: ignore[assignment]
+    max_divergent_fraction: float | None = Field(None, ge=0, le=1, description="gate: fraction of trials")
+    max_ulp: int | None = Field(None, ge=0, description="gate: largest logprob ULP distance")
+
+
+class NegativeControlConfig(CheckConfig):
+    requirement: Requirement = "warn"
+
+
+class PrefillDecodeConfig(CheckConfig):
+    requirement: Requirement = "warn"
+    steps: int = Field(4, ge=1, description="generated steps per target re-prefilled")
+
+
+class GoldenConfig(CheckConfig):
+    requirement: Requirement = "off"
+    file: str | None = Field(None, description="golden file written by `oracle record`")
+
+    @model_validator(mode="after")
+    def _file(self) -> GoldenConfig:
+        if self.requirement != "off" and not self.file:
+            raise ValueError("golden needs a file")
+        return self
+
+
 class ChecksConfig(_Strict):
-    invariance: Requirement = "required"
-    repeatability: Requirement = "required"
-    drift: Literal["report", "off"] = "report"
+    invariance: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
+    repeatability: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)  # type: ignore[arg-type]
+    drift: DriftConfig = Field(default_factory=DriftConfig)  # type: ignore[arg-type]
+    negative_control: NegativeControlConfig = Field(default_factory=NegativeControlConfig)  # type: ignore[arg-type]
+    prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)  # type: ignore[arg-type]
+    golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
 
 
 class Config(_Strict):

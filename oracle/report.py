@@ -69,6 +69,7 @@ class Report:
     checks: list[CheckResult] = field(default_factory=list)
     divergences: list[DivergenceRecord] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    schedule: list[dict[str, Any]] = field(default_factory=list)  # every trial, replayable by trial_id
     error: str | None = None
     complete: bool = False
 

@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oracle import __version__
-from oracle.compare import Divergence, first_divergence
+from oracle.checks import Judge, ModeRuns, golden_path
+from oracle.compare import first_divergence
 from oracle.config import Config
 from oracle.engines import build_engine, check_engine_config
 from oracle.engines.base import Completion, Engine, Mode, Request, SamplingParams
 from oracle.environment import collect_environment
 from oracle.errors import EngineError, OracleError
+from oracle.golden import compare_golden, environment_changes, make_golden, read_golden, write_golden
 from oracle.prompts import Target, check_prompts, load_targets, vocab_size_of
-from oracle.report import CheckResult, DivergenceRecord, Report
-from oracle.schedule import Trial, draw_schedule, filler_tokens
-
-NEAR_TIE_MARGIN = 1e-2  # reference top-1 minus top-2 logit below which a token flip is a near tie
+from oracle.report import CheckResult, Report
+from oracle.schedule import Trial, draw_schedule, filler_tokens, trial_strategy
+from oracle.search import search, trial_key
 
 
 class Observer:
@@ -41,17 +41,6 @@ class Observer:
     def advance(self, divergences: int) -> None: ...
 
     def done(self) -> None: ...
-
-
-@dataclass
-class ModeRuns:
-    """Everything one mode produced: solo references, trial runs and repeats (target outputs only)."""
-
-    solo: dict[int, Completion] = field(default_factory=dict)
-    trials: dict[int, Completion] = field(default_factory=dict)
-    repeats: dict[int, Completion] = field(default_factory=dict)
-    seconds: float = 0.0
-    engine: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +71,8 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
         seed = config.schedule.seed if config.schedule.seed is not None else random.SystemRandom().randrange(2**32)
     check_engine_config(config.engine)
     check_prompts(config)
+    if config.checks.golden.requirement != "off":
+        read_golden(golden_path(config))  # type: ignore[arg-type]
     model_dir = resolve_model(config)
     targets = load_targets(config, model_dir)
     trials = draw_schedule(config.schedule, len(targets), seed)
@@ -97,17 +88,18 @@ def trial_requests(plan: Plan, trial: Trial) -> tuple[list[Request], int]:
                 SamplingParams(f.max_tokens, s.temperature, f.seed, "none"), arrival_step=f.arrival_step)
         for j, f in enumerate(trial.fillers)
     ]
-    req = Request(f"trial{trial.trial_id}-{target.name}", target.token_ids, _target_sampling(plan.config),
+    req = Request(f"trial{trial.trial_id}-{target.name}", target.token_ids, target_sampling(plan.config),
                   arrival_step=trial.target_arrival_step)
     return fillers[: trial.position] + [req] + fillers[trial.position :], trial.position
 
 
-def _target_sampling(config: Config) -> SamplingParams:
+def target_sampling(config: Config, max_tokens: int | None = None) -> SamplingParams:
     s = config.sampling
-    return SamplingParams(s.max_tokens, s.temperature, s.seed, s.logits)
+    return SamplingParams(max_tokens or s.max_tokens, s.temperature, s.seed, s.logits)
 
 
-def _generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+    """engine.generate with every failure turned into EngineError (exit 3)."""
     try:
         out = engine.generate(requests, budget) if budget else engine.generate(requests)
     except OracleError:
@@ -119,173 +111,189 @@ def _generate(engine: Engine, requests: Sequence[Request], budget: int | None = 
     return out
 
 
-def run_mode(plan: Plan, mode: Mode, runs: ModeRuns, observer: Observer) -> None:
-    """Fill `runs` for one mode; on an engine failure what completed stays in `runs`."""
-    cfg = plan.config
-    n_repeat = min(cfg.schedule.repeat_trials, len(plan.trials))
-    observer.phase(mode, len(plan.targets) + len(plan.trials) + n_repeat)
-    t0 = time.perf_counter()
-    engine = build_engine(cfg.engine, plan.model_dir, mode)
-    runs.engine = engine.describe()
-    try:
-        for i, target in enumerate(plan.targets):
-            req = Request(f"solo-{target.name}", target.token_ids, _target_sampling(cfg))
-            runs.solo[i] = _generate(engine, [req])[0]
-            observer.advance(0)
-        divergent = 0
-        for trial in plan.trials:
-            requests, at = trial_requests(plan, trial)
-            out = _generate(engine, requests, trial.max_num_batched_tokens)[at]
-            runs.trials[trial.trial_id] = out
-            divergent += first_divergence(runs.solo[trial.target], out) is not None
-            observer.advance(divergent)
-        for trial in plan.trials[:n_repeat]:
-            requests, at = trial_requests(plan, trial)
-            runs.repeats[trial.trial_id] = _generate(engine, requests, trial.max_num_batched_tokens)[at]
-            observer.advance(divergent)
-    finally:
-        runs.seconds = time.perf_counter() - t0
-        engine.close()
-        observer.done()
+class ModeRunner:
+    """Runs one mode's share of the work on one engine; what completed stays in `runs`."""
 
+    def __init__(self, plan: Plan, mode: Mode, runs: ModeRuns, observer: Observer, report_dir: Path) -> None:
+        self.plan, self.mode, self.runs, self.observer, self.report_dir = plan, mode, runs, observer, report_dir
+        self.engine: Engine | None = None
+        self.cache: dict[tuple[Any, ...], Completion] = {}
+        self.scheduled = {trial_key(t): t for t in plan.trials}
+        self.divergent = 0
 
-def _evidence_at(c: Completion, step: int) -> dict[str, Any]:
-    ev = next((e for e in c.evidence if e.token_index == step), None)
-    return asdict(ev) if ev is not None else {}
+    def run_trial(self, trial: Trial) -> Completion:
+        key = trial_key(trial)
+        if key not in self.cache:
+            assert self.engine is not None
+            requests, at = trial_requests(self.plan, trial)
+            self.cache[key] = generate(self.engine, requests, trial.max_num_batched_tokens)[at]
+        return self.cache[key]
 
+    def diverges(self, trial: Trial) -> bool:
+        out = self.run_trial(trial)
+        scheduled = self.scheduled.get(trial_key(trial))
+        if scheduled is not None:  # while nothing fails, the search walks the schedule itself
+            self.runs.trials[scheduled.trial_id] = out
+        self.runs.extra[trial.trial_id] = out
+        return first_divergence(self.runs.solo[trial.target], out) is not None
 
-def _record(check: str, mode: str, plan: Plan, trial: Trial | None, target: int, actual: Completion,
-            d: Divergence) -> DivergenceRecord:
-    margin = d.reference_margin
-    return DivergenceRecord(
-        check=check, mode=mode, target=plan.targets[target].name,
-        trial_id=trial.trial_id if trial else None, trial=trial.to_json() if trial else None,
-        request_id=actual.request_id, step=d.step, kind=d.kind,
-        expected_token=d.expected_token, actual_token=d.actual_token,
-        expected_logprob=d.expected_logprob, actual_logprob=d.actual_logprob, ulp=d.ulp,
-        max_abs_logits_diff=d.max_abs_logits_diff, reference_margin=margin,
-        near_tie=None if margin is None else margin < NEAR_TIE_MARGIN,
-        first_token_step=d.first_token_step, evidence=_evidence_at(actual, d.step),
-    )
+    def run(self) -> None:
+        cfg = self.plan.config
+        checks = cfg.checks
+        n_repeat = min(cfg.schedule.repeat_trials, len(self.plan.trials))
+        invariant = self.mode == "invariant"
+        n_prefill = len(self.plan.targets) * checks.prefill_decode.steps if invariant else 0
+        if checks.prefill_decode.requirement == "off":
+            n_prefill = 0
+        self.observer.phase(self.mode, len(self.plan.targets) + len(self.plan.trials) + n_repeat + n_prefill)
+        t0 = time.perf_counter()
+        self.engine = build_engine(cfg.engine, self.plan.model_dir, self.mode)
+        self.runs.engine = self.engine.describe()
+        try:
+            for i, target in enumerate(self.plan.targets):
+                self.runs.solo[i] = generate(self.engine, [Request(f"solo-{target.name}", target.token_ids,
+                                                                   target_sampling(cfg))])[0]
+                self.observer.advance(0)
+            if invariant and cfg.schedule.shrink and checks.invariance.requirement != "off":
+                self.runs.search = search(
+                    trial_strategy(cfg.schedule, len(self.plan.targets)), self.diverges, seed=self.plan.seed,
+                    max_examples=len(self.plan.trials), max_shrink_runs=cfg.schedule.max_shrink_runs,
+                    database_dir=self.report_dir / "hypothesis", first_trial_id=len(self.plan.trials),
+                )
+            for trial in self.plan.trials:
+                out = self.runs.trials[trial.trial_id] = self.run_trial(trial)
+                self.divergent += first_divergence(self.runs.solo[trial.target], out) is not None
+                self.observer.advance(self.divergent)
+            for trial in self.plan.trials[:n_repeat]:
+                requests, at = trial_requests(self.plan, trial)
+                self.runs.repeats[trial.trial_id] = generate(self.engine, requests, trial.max_num_batched_tokens)[at]
+                self.observer.advance(self.divergent)
+            if n_prefill:
+                self._prefill_decode(checks.prefill_decode.steps)
+        finally:
+            self.runs.seconds = time.perf_counter() - t0
+            self.engine.close()
+            self.observer.done()
 
-
-def _batch_evidence(plan: Plan, completions: dict[int, Completion]) -> dict[str, Any]:
-    """How often targets really shared forward passes: without this a pass can be vacuous."""
-    by_id = {t.trial_id: t for t in plan.trials}
-    shared = {tid: c.max_batch for tid, c in completions.items()}
-    batched = [tid for tid, m in shared.items() if m >= 2]
-    chunked = sum(any(e.chunked for e in c.evidence) for c in completions.values())
-    return {
-        "trials_batched": len(batched),
-        "max_seqs_shared": max(shared.values(), default=0),
-        "seqs_shared_histogram": dict(sorted(Counter(shared.values()).items())),
-        "scheduled_batch_sizes": sorted({by_id[t].batch_size for t in completions}),
-        "trials_chunked_prefill": chunked,
-    }
-
-
-def judge_against_solo(
-    name: str, requirement: str, plan: Plan, mode: Mode, runs: ModeRuns, report: Report
-) -> CheckResult:
-    """Every trial's target vs that target's solo run in the same mode, bitwise."""
-    by_id = {t.trial_id: t for t in plan.trials}
-    ev = _batch_evidence(plan, runs.trials)
-    divergent: list[DivergenceRecord] = []
-    for tid, actual in runs.trials.items():
-        trial = by_id[tid]
-        if trial.target not in runs.solo:
-            continue
-        d = first_divergence(runs.solo[trial.target], actual)
-        if d is not None:
-            divergent.append(_record(name, mode, plan, trial, trial.target, actual, d))
-    report.divergences += divergent
-    n = len(runs.trials)
-    if divergent:
-        token_steps = [r.first_token_step for r in divergent if r.first_token_step is not None]
-        ev.update({
-            "divergent_fraction": len(divergent) / n,
-            "first_divergence_steps": dict(sorted(Counter(r.step for r in divergent).items())),
-            "first_token_divergence_steps": dict(sorted(Counter(token_steps).items())),
-            "max_ulp": max((r.ulp or 0) for r in divergent),
-        })
-    if name == "drift":
-        verdict = "vacuous" if ev["trials_batched"] == 0 else "pass"
-        msg = (f"{len(divergent)} of {n} production trials diverged from production solo"
-               if divergent else f"no production divergence in {n} trials")
-    elif divergent:
-        verdict, msg = "fail", f"{len(divergent)} of {n} trials diverged from the solo reference"
-    elif ev["trials_batched"] == 0:
-        verdict, msg = "vacuous", "no trial put a target in a forward pass with another sequence"
-    else:
-        verdict, msg = "pass", f"{n} trials bitwise equal to the solo reference, {ev['trials_batched']} batched"
-    return CheckResult(name, requirement, verdict, n, len(divergent), ev, msg)  # type: ignore[arg-type]
-
-
-def judge_repeatability(requirement: str, plan: Plan, all_runs: dict[Mode, ModeRuns], report: Report) -> CheckResult:
-    by_id = {t.trial_id: t for t in plan.trials}
-    n = 0
-    divergent = 0
-    for mode, runs in all_runs.items():
-        for tid, again in runs.repeats.items():
-            n += 1
-            d = first_divergence(runs.trials[tid], again)
-            if d is not None:
-                divergent += 1
-                report.divergences.append(
-                    _record("repeatability", mode, plan, by_id[tid], by_id[tid].target, again, d))
-    if n == 0:
-        return CheckResult("repeatability", requirement, "vacuous", 0, 0, {}, "no trial was repeated")
-    verdict = "fail" if divergent else "pass"
-    msg = f"{divergent} of {n} repeated trials differed" if divergent else f"{n} repeated trials bitwise equal"
-    return CheckResult("repeatability", requirement, verdict, n, divergent,  # type: ignore[arg-type]
-                       {"modes": sorted(all_runs)}, msg)
-
-
-def judge(plan: Plan, all_runs: dict[Mode, ModeRuns], report: Report) -> None:
-    checks = plan.config.checks
-    if checks.invariance != "off" and "invariant" in all_runs:
-        report.checks.append(judge_against_solo("invariance", checks.invariance, plan, "invariant",
-                                                all_runs["invariant"], report))
-    if checks.repeatability != "off":
-        report.checks.append(judge_repeatability(checks.repeatability, plan, all_runs, report))
-    if checks.drift != "off" and "production" in all_runs:
-        report.checks.append(judge_against_solo("drift", checks.drift, plan, "production",
-                                                all_runs["production"], report))
+    def _prefill_decode(self, steps: int) -> None:
+        assert self.engine is not None
+        for t, target in enumerate(self.plan.targets):
+            ref = self.runs.solo[t]
+            n = len(ref.token_ids)
+            for i in sorted({round(k * (n - 1) / max(1, steps - 1)) for k in range(steps)})[:steps]:
+                prompt = target.token_ids + tuple(ref.token_ids[:i])
+                req = Request(f"prefill-{target.name}-{i}", prompt, target_sampling(self.plan.config, 1))
+                self.runs.prefill[(t, i)] = generate(self.engine, [req])[0]
+                self.observer.advance(self.divergent)
 
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,
-        report_dir: Path | None = None, on_plan: Callable[[Plan], None] | None = None) -> Report:
-    """Run every check of `config`; writes `report.json` (also a partial one on an engine error)."""
+        report_dir: Path | None = None) -> Report:
+    """Run every check of `config`; writes `report.json` (also a partial one on an engine error or Ctrl-C)."""
     observer = observer or Observer()
     t0 = time.perf_counter()
     plan = plan_run(config, seed)
     observer.seed(plan.seed)
-    if on_plan:
-        on_plan(plan)
     report = Report(
         oracle_version=__version__, seed=plan.seed, config=config.model_dump(mode="json"),
         config_digest=config.digest(), environment=collect_environment(),
     )
-    report.environment["model_dir"] = str(plan.model_dir)
-    report.environment["targets"] = len(plan.targets)
-    report.environment["trials"] = len(plan.trials)
+    report.environment.update(model_dir=str(plan.model_dir), targets=len(plan.targets), trials=len(plan.trials),
+                              target_names=[t.name for t in plan.targets])
+    report.schedule = [t.to_json() for t in plan.trials]
     out_dir = report_dir or Path(config.report_dir)
     all_runs: dict[Mode, ModeRuns] = {}
     try:
         for mode in ("invariant", "production"):
             runs = all_runs[mode] = ModeRuns()
             try:
-                run_mode(plan, mode, runs, observer)
+                ModeRunner(plan, mode, runs, observer, out_dir).run()
             finally:
                 report.timings[f"{mode}_s"] = round(runs.seconds, 3)
         report.complete = True
     except EngineError as e:
         report.error = str(e)
+    except KeyboardInterrupt:
+        report.error = "interrupted"
+        raise
     finally:
         # Judge what completed, so an engine failure or Ctrl-C still leaves a useful report.
-        done = {m: r for m, r in all_runs.items() if r.trials or r.solo}
         report.environment["engines"] = {m: r.engine for m, r in all_runs.items()}
-        judge(plan, done, report)
+        judge(plan, all_runs, report)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        report.write(out_dir)
+        write_all(report, out_dir)
     return report
+
+
+def judge(plan: Plan, all_runs: dict[Mode, ModeRuns], report: Report) -> None:
+    checks = plan.config.checks
+    j = Judge(plan.config, plan.targets, {t.trial_id: t for t in plan.trials}, report)
+    inv, prod = all_runs.get("invariant"), all_runs.get("production")
+    add = report.checks.append
+    if checks.invariance.requirement != "off" and inv:
+        add(j.against_solo("invariance", checks.invariance.requirement, "invariant", inv))
+    if checks.repeatability.requirement != "off":
+        add(j.repeatability(checks.repeatability.requirement, all_runs))
+    if checks.fidelity.requirement != "off" and inv and prod:
+        add(j.fidelity(checks.fidelity.requirement, inv, prod))
+    drift: CheckResult | None = None
+    if prod and (checks.drift.requirement != "off" or checks.negative_control.requirement != "off"):
+        drift = j.against_solo("drift", checks.drift.requirement, "production", prod)
+        if checks.drift.requirement != "off":
+            add(drift)
+    if checks.negative_control.requirement != "off":
+        add(j.negative_control(checks.negative_control.requirement, drift))
+    if checks.prefill_decode.requirement != "off" and inv:
+        add(j.prefill_decode(checks.prefill_decode.requirement, inv))
+    if checks.golden.requirement != "off" and inv:
+        add(judge_golden(plan, inv, report))
+
+
+def judge_golden(plan: Plan, inv: ModeRuns, report: Report) -> CheckResult:
+    requirement = plan.config.checks.golden.requirement
+    golden = read_golden(golden_path(plan.config))  # type: ignore[arg-type]
+    refs = {plan.targets[i].name: c for i, c in inv.solo.items()}
+    prompts = {t.name: t.token_ids for t in plan.targets}
+    diffs = compare_golden(golden, refs, prompts)
+    changed = environment_changes(golden.get("environment", {}), report.environment)
+    changed = {k: v for k, v in changed.items()
+               if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production"))}
+    ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed}
+    if not refs:
+        return CheckResult("golden", requirement, "vacuous", 0, 0, ev, "no reference completed")
+    if diffs:
+        what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
+        return CheckResult("golden", requirement, "fail", len(refs), len(diffs), ev,
+                           f"{len(diffs)} of {len(refs)} targets differ from the golden file; changed: {what}")
+    return CheckResult("golden", requirement, "pass", len(refs), 0, ev,
+                       f"{len(refs)} targets bitwise equal to the golden file")
+
+
+def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:
+    """Run the invariant solo references only and write them, with the environment, to `golden_file`."""
+    observer = observer or Observer()
+    plan = plan_run(config.model_copy(update={"checks": config.checks.model_copy(
+        update={"golden": config.checks.golden.model_copy(update={"requirement": "off"})})}))
+    engine = build_engine(config.engine, plan.model_dir, "invariant")
+    env = collect_environment()
+    env["engines"] = {"invariant": engine.describe()}
+    refs: dict[str, Completion] = {}
+    observer.phase("record", len(plan.targets))
+    try:
+        for t in plan.targets:
+            refs[t.name] = generate(engine, [Request(f"solo-{t.name}", t.token_ids, target_sampling(config))])[0]
+            observer.advance(0)
+    finally:
+        engine.close()
+        observer.done()
+    golden = make_golden(refs, {t.name: t.token_ids for t in plan.targets}, env, config.digest())
+    write_golden(golden_file, golden)
+    return golden
+
+
+def write_all(report: Report, out_dir: Path) -> None:
+    """report.json plus every other format beside it."""
+    report.write(out_dir)
+    from oracle.render.files import write_formats
+
+    write_formats(report, out_dir)

@@ -65,7 +65,8 @@ def filler_tokens(f: Filler, vocab_size: int) -> tuple[int, ...]:
 def _sizes(lo: int, hi: int) -> st.SearchStrategy[int]:
     edges = [b for b in BOUNDARY_SIZES if lo <= b <= hi]
     ints = st.integers(lo, hi)
-    return st.one_of(st.sampled_from(edges), ints) if edges else ints
+    # Integers first: shrinking prefers the first branch, so a failure shrinks to its smallest size.
+    return st.one_of(ints, st.sampled_from(edges)) if edges else ints
 
 
 def trial_strategy(cfg: ScheduleConfig, num_targets: int) -> st.SearchStrategy[dict[str, Any]]:

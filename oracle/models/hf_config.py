@@ -48,7 +48,9 @@ def make_config_dict(preset: ModelPreset) -> dict[str, Any]:
         "vocab_size": preset.vocab_size,
     }
     if preset.architecture == "qwen3":
-        config.update(max_window_layers=preset.num_hidden_layers, sliding_window=None, use_sliding_window=False)
+        config.update(
+            max_window_layers=preset.num_hidden_layers, sliding_window=None, use_sliding_window=False
+        )
     else:
         config.update(mlp_bias=False, pretraining_tp=1)
     return config

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from oracle.models.presets import ModelPreset
 
-TensorRole = Literal["embedding", "linear", "norm", "lm_head"]
+TensorRole = Literal["embedding", "linear", "norm", "final_norm", "lm_head"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def tensor_layout(preset: ModelPreset) -> list[TensorSpec]:
             TensorSpec(f"{layer}.input_layernorm.weight", (h,), "norm"),
             TensorSpec(f"{layer}.post_attention_layernorm.weight", (h,), "norm"),
         ]
-    specs.append(TensorSpec("model.norm.weight", (h,), "norm"))
+    specs.append(TensorSpec("model.norm.weight", (h,), "final_norm"))
     if not preset.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", (preset.vocab_size, h), "lm_head"))
     return specs

@@ -45,7 +45,7 @@ def _header(specs: Sequence[TensorSpec], dtype: torch.dtype, metadata: dict[str,
 
 def _write_tensor(f: BinaryIO, tensor: torch.Tensor) -> None:
     # Raw bytes in the machine's order; safetensors is little-endian, checked by the caller.
-    f.write(memoryview(tensor.contiguous().view(torch.uint8).reshape(-1).numpy()))
+    f.write(tensor.contiguous().view(torch.uint8).reshape(-1).numpy().data)
 
 
 def write_safetensors(
@@ -65,8 +65,15 @@ def write_safetensors(
         f.write(header)
         for name, tensor in tensors:
             spec = next(spec_iter, None)
-            if spec is None or spec.name != name or tuple(tensor.shape) != spec.shape or tensor.dtype != dtype:
-                raise ValueError(f"tensor {name} {tuple(tensor.shape)} {tensor.dtype} does not match the header")
+            if (
+                spec is None
+                or spec.name != name
+                or tuple(tensor.shape) != spec.shape
+                or tensor.dtype != dtype
+            ):
+                raise ValueError(
+                    f"tensor {name} {tuple(tensor.shape)} {tensor.dtype} does not match the header"
+                )
             _write_tensor(f, tensor)
         if next(spec_iter, None) is not None:
             raise ValueError("fewer tensors than the header lists")

@@ -110,7 +110,9 @@ def tokenizer_json(vocab_size: int) -> str:
     ids = special_token_ids(vocab_size)
     actual = tuple(tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
     if actual != (ids.endoftext, ids.im_start, ids.im_end) or tokenizer.get_vocab_size() != vocab_size:
-        raise RuntimeError(f"tokenizer layout is off: special ids {actual}, size {tokenizer.get_vocab_size()}")
+        raise RuntimeError(
+            f"tokenizer layout is off: special ids {actual}, size {tokenizer.get_vocab_size()}"
+        )
     return str(tokenizer.to_str(pretty=True)) + "\n"
 
 
@@ -136,7 +138,7 @@ def make_tokenizer_config_dict(preset: ModelPreset) -> dict[str, Any]:
             "single_word": False,
             "special": True,
         }
-        for token, token_id in zip(SPECIAL_TOKENS, (ids.endoftext, ids.im_start, ids.im_end))
+        for token, token_id in zip(SPECIAL_TOKENS, (ids.endoftext, ids.im_start, ids.im_end), strict=True)
     }
     return {
         "add_prefix_space": False,

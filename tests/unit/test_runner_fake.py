@@ -85,3 +85,33 @@ def test_engine_dying_mid_run_exits_3_with_partial_report(fake_model: Path, tmp_
     assert "planted engine failure" in written["error"] and written["complete"] is False
     inv = next(c for c in written["checks"] if c["name"] == "invariance")
     assert 0 < inv["trials"] < 20  # what completed before the failure is judged
+
+
+def test_shrinks_planted_fault_to_batch_7_target_second_and_replays(
+    fake_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(fake_model, tmp_path, diverge_from_batch=7, diverge_not_first=True)
+    cfg["schedule"].update(trials=40, batch_size=[1, 40], filler_len=[1, 30], arrival_step=[0, 3])
+    report = run(parse_config(cfg))
+    inv = report.check("invariance")
+    assert inv is not None and inv.verdict == "fail"
+    minimal = inv.evidence["search"]["minimal_trial"]
+    assert len(minimal["fillers"]) + 1 == 7 and minimal["position"] == 1
+    assert all(f["length"] == 1 and f["arrival_step"] == 0 for f in minimal["fillers"])
+    shrunk = [d for d in report.divergences if d.evidence.get("shrunk")]
+    assert len(shrunk) == 1 and shrunk[0].trial == minimal
+    # oracle replay reruns that trial from the report and shows the same divergence.
+    code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(shrunk[0].trial_id)])
+    out = capsys.readouterr().out
+    assert code == 1 and "batch 7" in out and "position 1" in out and "same as the report" in out
+
+
+def test_failure_in_database_is_replayed_first(fake_model: Path, tmp_path: Path) -> None:
+    cfg = _config(fake_model, tmp_path, diverge_from_batch=7, diverge_not_first=True)
+    cfg["schedule"].update(trials=40, batch_size=[1, 40])
+    first = run(parse_config(cfg))
+    assert first.check("invariance").evidence["search"]["runs"] > 1  # type: ignore[union-attr]
+    cfg["schedule"]["seed"] = 8  # another schedule: the stored failure still comes first
+    second = run(parse_config(cfg))
+    search = second.check("invariance").evidence["search"]  # type: ignore[union-attr]
+    assert search["runs"] == 1 and search["replayed_from_database"]

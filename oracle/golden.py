@@ -1,0 +1,107 @@
+"""Golden files: digests of the invariant references, with the environment that made them.
+
+`oracle record CONFIG --golden FILE` writes one; the `golden` check compares a later run (another
+torch, engine version or GPU) target by target and step by step, and names what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.engines.base import Completion
+from oracle.errors import ConfigError
+
+FORMAT = "oracle-golden/1"
+
+
+def step_digests(c: Completion) -> list[str]:
+    """One sha256 per generated step over the token id, the logprob's float32 bits and the logits row's bits."""
+    out = []
+    for i, (tok, lp) in enumerate(zip(c.token_ids, c.logprobs)):
+        h = hashlib.sha256()
+        h.update(int(tok).to_bytes(8, "little", signed=True))
+        h.update(np.array(lp, dtype=np.float32).tobytes())
+        if c.logits is not None and i < len(c.logits):
+            h.update(np.asarray(c.logits[i], dtype=np.float32).tobytes())
+        elif c.logits_digests is not None and i < len(c.logits_digests):
+            h.update(c.logits_digests[i].encode())
+        out.append(h.hexdigest())
+    return out
+
+
+def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int, ...]],
+                environment: dict[str, Any], config_digest: str) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "config_digest": config_digest,
+        "environment": environment,
+        "targets": {
+            name: {
+                "prompt_sha256": hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest(),
+                "token_ids": c.token_ids,
+                "steps": step_digests(c),
+            }
+            for name, c in references.items()
+        },
+    }
+
+
+def write_golden(path: Path, golden: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_golden(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"checks.golden.file: cannot read {path} ({e.strerror}); write it with `oracle record`") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"checks.golden.file: {path} is not valid JSON ({e.msg})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"checks.golden.file: {path} is not an oracle golden file ({FORMAT})")
+    return data
+
+
+def environment_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Keys whose values differ between two environments, flattened: {"torch": ["2.11", "2.13"], ...}."""
+    changes: dict[str, Any] = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes.update(environment_changes(a, b, f"{prefix}{key}."))
+        elif a != b:
+            changes[f"{prefix}{key}"] = [a, b]
+    return changes
+
+
+def compare_golden(golden: dict[str, Any], references: dict[str, Completion],
+                   prompts: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Per target that differs: its first differing step and whether the tokens differ there."""
+    diffs = []
+    for name, c in references.items():
+        g = golden["targets"].get(name)
+        if g is None:
+            diffs.append({"target": name, "problem": "not in the golden file"})
+            continue
+        if g["prompt_sha256"] != hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest():
+            diffs.append({"target": name, "problem": "prompt differs from the golden file's"})
+            continue
+        now = step_digests(c)
+        step = next((i for i, (a, b) in enumerate(zip(g["steps"], now)) if a != b), None)
+        if step is None and len(now) != len(g["steps"]):
+            step = min(len(now), len(g["steps"]))
+        if step is not None:
+            tokens_differ = step >= len(now) or step >= len(g["token_ids"]) or g["token_ids"][step] != c.token_ids[step]
+            diffs.append({"target": name, "step": step, "tokens_differ": bool(tokens_differ),
+                          "expected_token": g["token_ids"][step] if step < len(g["token_ids"]) else None,
+                          "actual_token": c.token_ids[step] if step < len(c.token_ids) else None})
+    return diffs
