@@ -30,6 +30,8 @@ class ModeRuns:
     trials: dict[int, Completion] = field(default_factory=dict)
     repeats: dict[int, Completion] = field(default_factory=dict)
     prefill: dict[tuple[int, int], Completion] = field(default_factory=dict)  # (target, step) -> re-prefilled
+    prefix: dict[int, tuple[Completion, Completion]] = field(default_factory=dict)  # target -> (cold, warm)
+    prefix_note: str = ""
     extra: dict[int, Completion] = field(default_factory=dict)  # search-only trials (e.g. the shrunk one)
     search: SearchResult | None = None
     seconds: float = 0.0
@@ -222,6 +224,28 @@ class Judge:
                                f"{divergent} of {n} re-prefilled steps differ from decode")
         return CheckResult("prefill_decode", requirement, "pass", n, 0, {},
                            f"{n} generated steps bitwise equal when their prefix is prefilled again")
+
+
+    def prefix_cache(self, requirement: str, inv: ModeRuns) -> CheckResult:
+        """A target run with its prefix cached (warm) == the same target run cold, bitwise."""
+        n = divergent = hits = 0
+        for t, (cold, warm) in inv.prefix.items():
+            n += 1
+            cached = max((e.num_cached_tokens for e in warm.evidence), default=0)
+            hits += cached > 0
+            d = first_divergence(cold, warm)
+            if d is not None:
+                divergent += 1
+                self.record("prefix_cache", "invariant", None, t, warm, d, num_cached_tokens=cached)
+        ev = {"targets": n, "warm_runs_with_cache_hits": hits}
+        if n == 0 or hits == 0:
+            return CheckResult("prefix_cache", requirement, "vacuous", n, 0, ev,
+                               inv.prefix_note or "no warm run hit the prefix cache")
+        if divergent:
+            return CheckResult("prefix_cache", requirement, "fail", n, divergent, ev,
+                               f"{divergent} of {n} warm runs differ from cold")
+        return CheckResult("prefix_cache", requirement, "pass", n, 0, ev,
+                           f"{n} warm runs ({hits} with cache hits) bitwise equal to cold")
 
 
 def _step_of(c: Completion, i: int) -> Completion:

@@ -37,6 +37,7 @@ class EngineConfig(_Strict):
     max_num_seqs: int = Field(256, ge=1, description="most sequences in one forward pass")
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one forward pass")
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
     block_size: int = Field(16, ge=1, description="KV cache block size (tokens)")
     preload: list[str] = Field(default_factory=list, description="modules imported in the engine's process first")
     options: dict[str, Any] = Field(default_factory=dict, description="passed as keyword arguments to a custom engine")
@@ -131,6 +132,10 @@ class PrefillDecodeConfig(CheckConfig):
     steps: int = Field(4, ge=1, description="generated steps per target re-prefilled")
 
 
+class PrefixCacheConfig(CheckConfig):
+    requirement: Requirement = "warn"
+
+
 class GoldenConfig(CheckConfig):
     requirement: Requirement = "off"
     file: str | None = Field(None, description="golden file written by `oracle record`")
@@ -149,6 +154,7 @@ class ChecksConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig)  # type: ignore[arg-type]
     negative_control: NegativeControlConfig = Field(default_factory=NegativeControlConfig)  # type: ignore[arg-type]
     prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)  # type: ignore[arg-type]
+    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)  # type: ignore[arg-type]
     golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
 
 

@@ -54,16 +54,11 @@ class Plan:
 
 
 def resolve_model(config: Config) -> Path:
-    from oracle.errors import ModelError
+    """`preset:NAME` (made into the cache on first use) or a checkpoint directory; ModelError otherwise."""
+    from oracle.models import PRESET_PREFIX, resolve_model as resolve
 
-    if config.model.startswith("preset:"):
-        from oracle.models import ensure_model
-
-        return ensure_model(config.model.removeprefix("preset:"), seed=config.model_seed)
-    path = config.resolve_path(config.model)
-    if not (path / "config.json").is_file():
-        raise ModelError(f"model: {path} is not a checkpoint directory (no config.json)")
-    return path
+    spec = config.model if config.model.startswith(PRESET_PREFIX) else str(config.resolve_path(config.model))
+    return resolve(spec, seed=config.model_seed)
 
 
 def plan_run(config: Config, seed: int | None = None) -> Plan:
@@ -170,10 +165,26 @@ class ModeRunner:
                 self.observer.advance(self.divergent)
             if n_prefill:
                 self._prefill_decode(checks.prefill_decode.steps)
+            if invariant and checks.prefix_cache.requirement != "off":
+                self._prefix_cache()
         finally:
             self.runs.seconds = time.perf_counter() - t0
             self.engine.close()
             self.observer.done()
+
+    def _prefix_cache(self) -> None:
+        """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
+        assert self.engine is not None
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is None or not self.runs.engine.get("enable_prefix_caching"):
+            self.runs.prefix_note = "the engine runs without prefix caching (engine.enable_prefix_caching)"
+            return
+        for t, target in enumerate(self.plan.targets):
+            reset()
+            req = Request(f"prefix-{target.name}", target.token_ids, target_sampling(self.plan.config))
+            cold = generate(self.engine, [req])[0]
+            warm = generate(self.engine, [req])[0]
+            self.runs.prefix[t] = (cold, warm)
 
     def _prefill_decode(self, steps: int) -> None:
         assert self.engine is not None
@@ -245,6 +256,8 @@ def judge(plan: Plan, all_runs: dict[Mode, ModeRuns], report: Report) -> None:
         add(j.negative_control(checks.negative_control.requirement, drift))
     if checks.prefill_decode.requirement != "off" and inv:
         add(j.prefill_decode(checks.prefill_decode.requirement, inv))
+    if checks.prefix_cache.requirement != "off" and inv:
+        add(j.prefix_cache(checks.prefix_cache.requirement, inv))
     if checks.golden.requirement != "off" and inv:
         add(judge_golden(plan, inv, report))
 

@@ -27,3 +27,21 @@ def tiny_qwen3(model_cache: Path) -> Path:
     from oracle.models import ensure_model
 
     return ensure_model("tiny-qwen3", cache_dir=model_cache)
+
+
+def write_fake_checkpoint(path: Path, vocab_size: int = 97) -> Path:
+    """A checkpoint folder for the fake engine: a config and one (unused) weight."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"vocab_size": vocab_size}))
+    save_file({"unused": torch.zeros(1)}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> Path:
+    return write_fake_checkpoint(tmp_path / "fake-model")

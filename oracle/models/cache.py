@@ -21,11 +21,11 @@ from oracle.models.resolve import is_checkpoint_dir
 
 
 def default_cache_dir() -> Path:
-    """Where cached models live: `$ORACLE_CACHE_DIR/models`, else `$XDG_CACHE_HOME/oracle/models`,
-    else `~/.cache/oracle/models`."""
-    root = os.environ.get("ORACLE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "models"
+    """Where cached models live: `$ORACLE_CACHE_DIR`, else `$XDG_CACHE_HOME/oracle/models`,
+    else `~/.cache/oracle/models`. Each model is a `<preset>-seed<seed>` directory in it."""
+    configured = os.environ.get("ORACLE_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "oracle" / "models"

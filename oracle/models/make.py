@@ -44,8 +44,11 @@ def as_preset(preset: str | ModelPreset) -> ModelPreset:
 
 
 def marker_dict(preset: ModelPreset, seed: int) -> dict[str, Any]:
-    """What oracle_model.json holds: enough to tell whether a cached model is still current."""
-    return {"format_version": MODEL_FORMAT_VERSION, "preset": preset.to_dict(), "seed": seed}
+    """What oracle_model.json holds: enough to tell whether a cached model is still current.
+
+    The description is left out: rewording it must not invalidate every cached model."""
+    dims = {k: v for k, v in preset.to_dict().items() if k != "description"}
+    return {"format_version": MODEL_FORMAT_VERSION, "preset": dims, "seed": seed}
 
 
 def read_marker(model_dir: Path) -> dict[str, Any] | None:

@@ -26,7 +26,8 @@ def test_greedy_tokens_and_logits_match_hf(preset: str, mode: str, model_cache: 
     n = 12
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)
+                          return_dict_in_generate=True, pad_token_id=0,
+                          eos_token_id=None)
     hf_tokens = out.sequences[0, len(prompt):].tolist()
     hf_logits = torch.stack(out.logits, 1)[0].float().numpy()  # [n, vocab]
     engine = NativeEngine(model_dir, mode)  # type: ignore[arg-type]

@@ -13,14 +13,6 @@ from oracle.config import parse_config
 from oracle.runner import run
 
 
-@pytest.fixture
-def fake_model(tmp_path: Path) -> Path:
-    d = tmp_path / "fake-model"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"vocab_size": 97}))
-    return d
-
-
 def _config(model: Path, tmp_path: Path, **options: Any) -> dict[str, Any]:
     return {
         "model": str(model),

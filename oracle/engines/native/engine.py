@@ -43,6 +43,7 @@ class NativeEngine:
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
         block_size: int = 16,
+        enable_prefix_caching: bool = False,
         stop_at_eos: bool = False,
     ) -> None:
         if dtype not in DTYPES:
@@ -55,8 +56,10 @@ class NativeEngine:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.block_size = block_size
         self.stop_at_eos = stop_at_eos
+        self.enable_prefix_caching = enable_prefix_caching
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
+        self._allocator = BlockAllocator(0, block_size)
 
     def describe(self) -> dict[str, Any]:
         c = self.decoder.config
@@ -71,6 +74,7 @@ class NativeEngine:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_chunked_prefill": self.enable_chunked_prefill,
+            "enable_prefix_caching": self.enable_prefix_caching,
         }
 
     def close(self) -> None:
@@ -79,9 +83,15 @@ class NativeEngine:
     def _kernels(self) -> contextlib.AbstractContextManager[None]:
         return oracle_kernels.batch_invariant() if self.mode == "invariant" else contextlib.nullcontext()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (the next requests run cold)."""
+        self._allocator = BlockAllocator(self._num_blocks, self.block_size, self.enable_prefix_caching)
+
     def _ensure_kv(self, num_blocks: int) -> None:
         if num_blocks <= self._num_blocks:
             return
+        # A bigger pool starts empty; with prefix caching keep twice what is asked so cached blocks survive.
+        num_blocks *= 2 if self.enable_prefix_caching else 1
         c = self.decoder.config
         shape = (num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self._kv = [
@@ -90,6 +100,7 @@ class NativeEngine:
             for _ in range(c.num_layers)
         ]
         self._num_blocks = num_blocks
+        self.reset_prefix_cache()
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         eos = self.decoder.config.eos_token_id if self.stop_at_eos else None
@@ -103,7 +114,9 @@ class NativeEngine:
                 raise ConfigError(f"request {r.request_id}: empty prompt")
         per_seq = [-(-(s.prompt_len + s.max_tokens) // self.block_size) for s in seqs]
         self._ensure_kv(sum(per_seq))
-        scheduler = Scheduler(seqs, BlockAllocator(self._num_blocks, self.block_size), self.max_num_seqs,
+        if not self.enable_prefix_caching:
+            self.reset_prefix_cache()
+        scheduler = Scheduler(seqs, self._allocator, self.max_num_seqs,
                               max_num_batched_tokens or self.max_num_batched_tokens, self.enable_chunked_prefill)
         outs = [Completion(r.request_id, [], [], logits=[] if r.sampling.logits == "full" else None,
                            logits_digests=[] if r.sampling.logits == "digest" else None, top2=[])
@@ -141,6 +154,7 @@ class NativeEngine:
             outs[seq.index].evidence.append(StepEvidence(
                 engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
                 chunked=item.is_prefill and (seq.num_prefill_passes > 0 or not item.completes),
+                num_cached_tokens=seq.num_cached_tokens,
                 token_index=seq.num_generated if item.completes else None,
             ))
             if not item.completes:

@@ -8,6 +8,8 @@ then waiting ones while `max_num_seqs` and `max_num_batched_tokens` allow.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +37,7 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_prefill_passes: int = 0
+    num_cached_tokens: int = 0
     status: Status = Status.PENDING
 
     @property
@@ -67,11 +70,29 @@ class ScheduledSeq:
 
 
 class BlockAllocator:
-    """Free list over the KV cache's blocks."""
+    """Free list over the KV cache's blocks, with optional prefix caching.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    With caching on, every full block is registered under the hash of the token ids from the
+    start of the sequence to the block's end; a later prompt starting with the same tokens reuses
+    those blocks instead of computing them. A released block keeps its contents (and stays
+    matchable) until the free list hands it out again, oldest released first.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self.free: deque[int] = deque(range(num_blocks))
+        self.refs = [0] * num_blocks
+        self.by_hash: dict[bytes, int] = {}
+        self.hash_of: dict[int, bytes] = {}
+
+    def _take(self) -> int:
+        block = self.free.popleft()
+        old = self.hash_of.pop(block, None)
+        if old is not None and self.by_hash.get(old) == block:
+            del self.by_hash[old]
+        self.refs[block] = 1
+        return block
 
     def ensure(self, seq: Sequence, num_tokens: int) -> None:
         """Give `seq` enough blocks to hold `num_tokens` positions."""
@@ -79,11 +100,52 @@ class BlockAllocator:
         if needed > len(self.free):
             raise EngineError(f"KV cache out of blocks ({len(self.free)} free, {needed} needed)")
         for _ in range(needed):
-            seq.block_table.append(self.free.popleft())
+            seq.block_table.append(self._take())
 
     def release(self, seq: Sequence) -> None:
-        self.free.extend(seq.block_table)
+        for block in seq.block_table:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free.append(block)
         seq.block_table = []
+
+    def _hashes(self, tokens: list[int], num_blocks: int) -> list[bytes]:
+        """Chained sha256 per full block: block i's hash covers tokens[0:(i+1)*block_size]."""
+        bs = self.block_size
+        out: list[bytes] = []
+        prev = b""
+        for i in range(num_blocks):
+            prev = hashlib.sha256(prev + array("q", tokens[i * bs:(i + 1) * bs]).tobytes()).digest()
+            out.append(prev)
+        return out
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks of the prompt's longest cached prefix; returns the tokens it covers.
+
+        At least the prompt's last token is always computed, so it has logits to sample from.
+        """
+        if not self.enable_caching or seq.block_table:
+            return 0
+        max_blocks = (seq.prompt_len - 1) // self.block_size
+        for h in self._hashes(seq.tokens, max_blocks):
+            block = self.by_hash.get(h)
+            if block is None:
+                break
+            if self.refs[block] == 0:
+                self.free.remove(block)
+            self.refs[block] += 1
+            seq.block_table.append(block)
+        return len(seq.block_table) * self.block_size
+
+    def register(self, seq: Sequence) -> None:
+        """Make the sequence's fully computed blocks matchable."""
+        if not self.enable_caching:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        for block, h in zip(seq.block_table[:full], self._hashes(seq.tokens, full)):
+            if h not in self.by_hash:
+                self.by_hash[h] = block
+                self.hash_of[block] = h
 
 
 class Scheduler:
@@ -131,13 +193,17 @@ class Scheduler:
             budget -= n
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            n = min(seq.num_tokens, budget)
-            if n < seq.num_tokens and not self.enable_chunked_prefill:
+            cached = self.allocator.match_prefix(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens = cached
+            n = min(seq.num_tokens - cached, budget)
+            if n < seq.num_tokens - cached and not self.enable_chunked_prefill:
+                self.allocator.release(seq)
+                seq.num_computed_tokens = seq.num_cached_tokens = 0
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            self.allocator.ensure(seq, n)
+            self.allocator.ensure(seq, cached + n)
             batch.append(ScheduledSeq(seq, n, True))
             budget -= n
         return batch
@@ -149,6 +215,7 @@ class Scheduler:
             if item.is_prefill:
                 seq.num_prefill_passes += 1
             seq.num_computed_tokens += item.num_new_tokens
+            self.allocator.register(seq)
             if seq.index not in sampled:
                 continue
             token = sampled[seq.index]
