@@ -116,12 +116,19 @@ class ModeRunner:
         self.scheduled = {trial_key(t): t for t in plan.trials}
         self.divergent = 0
 
+    def fresh(self, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+        """generate() from a cold prefix cache, so a trial's result does not hang on earlier trials."""
+        assert self.engine is not None
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+        return generate(self.engine, requests, budget)
+
     def run_trial(self, trial: Trial) -> Completion:
         key = trial_key(trial)
         if key not in self.cache:
-            assert self.engine is not None
             requests, at = trial_requests(self.plan, trial)
-            self.cache[key] = generate(self.engine, requests, trial.max_num_batched_tokens)[at]
+            self.cache[key] = self.fresh(requests, trial.max_num_batched_tokens)[at]
         return self.cache[key]
 
     def diverges(self, trial: Trial) -> bool:
@@ -146,8 +153,8 @@ class ModeRunner:
         self.runs.engine = self.engine.describe()
         try:
             for i, target in enumerate(self.plan.targets):
-                self.runs.solo[i] = generate(self.engine, [Request(f"solo-{target.name}", target.token_ids,
-                                                                   target_sampling(cfg))])[0]
+                self.runs.solo[i] = self.fresh([Request(f"solo-{target.name}", target.token_ids,
+                                                        target_sampling(cfg))])[0]
                 self.observer.advance(0)
             if invariant and cfg.schedule.shrink and checks.invariance.requirement != "off":
                 self.runs.search = search(
@@ -161,7 +168,7 @@ class ModeRunner:
                 self.observer.advance(self.divergent)
             for trial in self.plan.trials[:n_repeat]:
                 requests, at = trial_requests(self.plan, trial)
-                self.runs.repeats[trial.trial_id] = generate(self.engine, requests, trial.max_num_batched_tokens)[at]
+                self.runs.repeats[trial.trial_id] = self.fresh(requests, trial.max_num_batched_tokens)[at]
                 self.observer.advance(self.divergent)
             if n_prefill:
                 self._prefill_decode(checks.prefill_decode.steps)
@@ -173,7 +180,10 @@ class ModeRunner:
             self.observer.done()
 
     def _prefix_cache(self) -> None:
-        """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
+        """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached).
+
+        Every other run starts cold (`fresh`), so this is where warm caches are exercised.
+        """
         assert self.engine is not None
         reset = getattr(self.engine, "reset_prefix_cache", None)
         if reset is None or not self.runs.engine.get("enable_prefix_caching"):
@@ -194,7 +204,7 @@ class ModeRunner:
             for i in sorted({round(k * (n - 1) / max(1, steps - 1)) for k in range(steps)})[:steps]:
                 prompt = target.token_ids + tuple(ref.token_ids[:i])
                 req = Request(f"prefill-{target.name}-{i}", prompt, target_sampling(self.plan.config, 1))
-                self.runs.prefill[(t, i)] = generate(self.engine, [req])[0]
+                self.runs.prefill[(t, i)] = self.fresh([req])[0]
                 self.observer.advance(self.divergent)
 
 

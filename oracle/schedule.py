@@ -69,19 +69,34 @@ def _sizes(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.one_of(ints, st.sampled_from(edges)) if edges else ints
 
 
-def trial_strategy(cfg: ScheduleConfig, num_targets: int) -> st.SearchStrategy[dict[str, Any]]:
+def boundary_sizes(cfg: ScheduleConfig) -> list[int]:
+    lo, hi = cfg.batch_size
+    return [b for b in BOUNDARY_SIZES if lo <= b <= hi]
+
+
+def trial_strategy(
+    cfg: ScheduleConfig, num_targets: int, batch_size: int | None = None
+) -> st.SearchStrategy[dict[str, Any]]:
     """Strategy of trial fields (without the id): batch size, target and position, fillers, budget."""
+    sizes = st.just(batch_size) if batch_size is not None else _sizes(*cfg.batch_size)
 
     @st.composite
     def draw(data: st.DrawFn) -> dict[str, Any]:
-        batch = data(_sizes(*cfg.batch_size))
+        # A handful of scalars per trial rather than choices per filler: hypothesis' generator
+        # mutates long choice sequences in place, which would keep repeating one batch size; the
+        # upper bounds still shrink, so a minimal trial has fillers of the minimum length.
+        batch = data(sizes)
         base_seed = data(st.integers(0, 2**31 - 1))
+        len_hi = data(st.integers(*cfg.filler_len))
+        tokens_hi = data(st.integers(*cfg.filler_max_tokens))
+        arrival_hi = data(st.integers(*cfg.arrival_step))
+        rng = random.Random(base_seed)
         fillers = tuple(
             Filler(
                 seed=base_seed + i,
-                length=data(st.integers(*cfg.filler_len)),
-                max_tokens=data(st.integers(*cfg.filler_max_tokens)),
-                arrival_step=data(st.integers(*cfg.arrival_step)),
+                length=rng.randint(cfg.filler_len[0], len_hi),
+                max_tokens=rng.randint(cfg.filler_max_tokens[0], tokens_hi),
+                arrival_step=rng.randint(cfg.arrival_step[0], arrival_hi),
             )
             for i in range(batch - 1)
         )
@@ -97,21 +112,32 @@ def trial_strategy(cfg: ScheduleConfig, num_targets: int) -> st.SearchStrategy[d
     return draw()
 
 
-def draw_schedule(cfg: ScheduleConfig, num_targets: int, seed: int) -> list[Trial]:
-    """Draw `cfg.trials` trials with hypothesis' own engine, reproducibly from `seed`.
-
-    Trials whose fields repeat an earlier trial exactly are dropped, so a narrow range may
-    give fewer trials than asked for.
-    """
+def _collect(strategy: st.SearchStrategy[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
     drawn: list[dict[str, Any]] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=cfg.trials, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck), derandomize=False)
-    @given(trial_strategy(cfg, num_targets))
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
     def collect(fields: dict[str, Any]) -> None:
         if fields not in drawn:
             drawn.append(fields)
 
     collect()
-    return [Trial(trial_id=i, **f) for i, f in enumerate(drawn)]
+    return drawn[:n]
+
+
+def draw_schedule(cfg: ScheduleConfig, num_targets: int, seed: int) -> list[Trial]:
+    """Draw `cfg.trials` trials with hypothesis' own engine, reproducibly from `seed`.
+
+    The first trials are the search's own (the same strategy and seed), so a search that finds
+    nothing has run exactly them; then one trial at each boundary batch size the range allows
+    (1, 2, 15, 16, 17, 255, ...) that the draw missed. Trials repeating an earlier one exactly
+    are dropped, so a narrow range may give fewer trials than asked for.
+    """
+    edges = boundary_sizes(cfg)
+    drawn = _collect(trial_strategy(cfg, num_targets), cfg.trials, seed)
+    missing = [b for b in edges if b not in {len(f["fillers"]) + 1 for f in drawn}]
+    keep = max(0, cfg.trials - len(missing))
+    extra = [_collect(trial_strategy(cfg, num_targets, b), 1, seed + b)[0] for b in missing][: cfg.trials]
+    return [Trial(trial_id=i, **f) for i, f in enumerate(drawn[:keep] + extra)]

@@ -64,3 +64,16 @@ def test_blocks_are_released() -> None:
     alloc = BlockAllocator(8, 4)
     _drive(Scheduler(_seqs([5, 5]), alloc, 8, 100, True))
     assert len(alloc.free) == 8
+
+
+def test_schedule_is_reproducible_and_holds_boundary_sizes() -> None:
+    from oracle.config import ScheduleConfig
+    from oracle.schedule import draw_schedule
+
+    cfg = ScheduleConfig(trials=40, batch_size=(1, 300), filler_len=(1, 4))
+    a = draw_schedule(cfg, 3, seed=11)
+    assert a == draw_schedule(cfg, 3, seed=11)
+    assert a != draw_schedule(cfg, 3, seed=12)
+    sizes = {t.batch_size for t in a}
+    assert {1, 2, 15, 16, 17, 255, 256, 257} <= sizes
+    assert all(1 <= t.batch_size <= 300 and 0 <= t.position < t.batch_size for t in a)

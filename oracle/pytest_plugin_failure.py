@@ -1,0 +1,66 @@
+"""Failure text for the pytest plugin: which checks block, and where the first divergence starts.
+
+Plain functions over a `Report`; no torch, no engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from oracle.report import CheckResult, DivergenceRecord, Report
+
+BAD_VERDICTS = ("fail", "vacuous", "error")
+
+
+def is_bad(result: CheckResult) -> bool:
+    """A verdict that blocks at `required` and warns at `warn`."""
+    return result.verdict in BAD_VERDICTS
+
+
+def first_divergence(report: Report, checks: Iterable[str]) -> DivergenceRecord | None:
+    """The divergence to show for `checks`: the shrunk (minimal) trial if there is one, else the first."""
+    names = set(checks)
+    rows = [d for d in report.divergences if d.check in names]
+    return next((d for d in rows if d.evidence.get("shrunk")), rows[0] if rows else None)
+
+
+def replay_command(report_path: Path, d: DivergenceRecord) -> str | None:
+    return None if d.trial_id is None else f"oracle replay {report_path} --trial {d.trial_id}"
+
+
+def describe_divergence(d: DivergenceRecord, report_path: Path) -> list[str]:
+    near = "" if d.near_tie is None else f" (near tie: {'yes' if d.near_tie else 'no'})"
+    lines = [
+        f"first divergence: check {d.check} ({d.mode} mode), target {d.target}, trial {d.trial_id}, "
+        f"request {d.request_id}",
+        f"  step {d.step} ({d.kind}): expected token {d.expected_token}, actual token {d.actual_token}",
+        f"  logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP distance {d.ulp}",
+        f"  top-2 margin {_fmt(d.reference_margin)}{near}, max |logit diff| {_fmt(d.max_abs_logits_diff)}",
+    ]
+    if "num_seqs" in d.evidence:
+        lines.append(f"  that forward pass held {d.evidence['num_seqs']} sequences, "
+                     f"{d.evidence.get('num_tokens', '?')} tokens")
+    replay = replay_command(report_path, d)
+    if replay:
+        lines.append(f"replay: {replay}")
+    return lines
+
+
+def describe_failure(report: Report, report_path: Path, checks: Iterable[CheckResult] | None = None) -> str:
+    """A readable account of why a run (or the given checks of it) failed."""
+    shown = list(checks) if checks is not None else [c for c in report.checks if c.blocks]
+    head = ", ".join(f"{c.name} {c.verdict}" for c in shown) or "no blocking check"
+    lines = [f"oracle: {head} (seed {report.seed}, exit {report.exit_code()})"]
+    lines += [f"  {c.name} [{c.requirement}]: {c.verdict}: {c.message}" for c in shown]
+    if report.error:
+        lines.append(f"  engine error: {report.error}")
+    d = first_divergence(report, (c.name for c in shown))
+    if d is not None:
+        lines += describe_divergence(d, report_path)
+    lines.append(f"report: {report_path}")
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g}"

@@ -1,0 +1,108 @@
+"""`oracle*.yaml` / `oracle*.yml` files as pytest items: one item per check the config turns on.
+
+The file's config is read at collection (a config error is a one-line collection error); it is
+run once, when its first item runs, and every item of the file judges its check from that
+Report: a blocking verdict (fail, vacuous, error) fails a `required` check and warns for a
+`warn` one; anything else passes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from oracle.errors import OracleError
+from oracle.pytest_plugin_failure import describe_failure, is_bad
+from oracle.pytest_plugin_runs import STATE, OracleSession, OracleWarning
+
+if TYPE_CHECKING:
+    from oracle.config import Config
+    from oracle.report import Report
+
+
+def is_oracle_config(path: Path) -> bool:
+    return path.name.startswith("oracle") and path.suffix in (".yaml", ".yml")
+
+
+def check_names(config: Config) -> list[str]:
+    """The checks the run will judge, in report order (every check not turned off)."""
+    checks = config.checks
+    return [name for name in type(checks).model_fields if getattr(checks, name).requirement != "off"]
+
+
+class OracleCheckFailure(Exception):
+    """A check item failed; its message is the whole report (no traceback)."""
+
+
+class OracleFile(pytest.File):
+    """An oracle config; its Report (or the error that stopped it) is cached on the node."""
+
+    oracle_config: Config
+    _outcome: tuple[Report, Path] | OracleError | None = None
+
+    def collect(self) -> Iterator[OracleCheckItem]:
+        from oracle.config import load_config
+
+        trials = self.config.stash[STATE].trials
+        try:
+            self.oracle_config = load_config(self.path, {"schedule.trials": trials} if trials else None)
+        except OracleError as e:
+            raise self.CollectError(str(e)) from None
+        grouped = self.config.pluginmanager.hasplugin("xdist")
+        for name in check_names(self.oracle_config):
+            item = OracleCheckItem.from_parent(self, name=name, check=name)
+            if grouped:  # with --dist loadgroup, one worker runs the whole file (and the config once)
+                item.add_marker(pytest.mark.xdist_group(name=self.nodeid))
+            yield item
+
+    def outcome(self) -> tuple[Report, Path]:
+        """Run the config the first time an item asks; later items get the same Report."""
+        if self._outcome is None:
+            session = OracleSession(self.config.stash[STATE])
+            label = self.nodeid
+            try:
+                self._outcome = session.run_config(self.oracle_config, label, str(self.path), warn=False)
+            except OracleError as e:
+                self._outcome = e
+        if isinstance(self._outcome, OracleError):
+            raise OracleCheckFailure(f"oracle: {self._outcome}")
+        return self._outcome
+
+
+class OracleCheckItem(pytest.Item):
+    """`oracle-x.yaml::invariance`: one check of the file's run."""
+
+    def __init__(self, *, check: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+
+    def runtest(self) -> None:
+        assert isinstance(self.parent, OracleFile)
+        report, path = self.parent.outcome()
+        result = report.check(self.check)
+        if report.error:
+            checks = [result] if result else []
+            raise OracleCheckFailure(describe_failure(report, path, checks))
+        if result is None:
+            raise OracleCheckFailure(f"oracle: {self.check} is not in the report ({path})")
+        if result.verdict == "skipped":
+            pytest.skip(f"oracle {self.check}: {result.message}")
+        if not is_bad(result):
+            return
+        text = describe_failure(report, path, [result])
+        if result.requirement == "required":
+            raise OracleCheckFailure(text)
+        if result.requirement == "warn":
+            warnings.warn_explicit(OracleWarning(text), OracleWarning, str(self.path), 1)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, OracleCheckFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"oracle {self.path.name}::{self.check}"
