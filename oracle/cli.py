@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="config helpers")
     csub = c.add_subparsers(dest="config_command", required=True)
     csub.add_parser("schema", help="print the config's JSON Schema")
+    csub.add_parser("reference", help="print the config reference (Markdown)")
     return p
 
 
@@ -113,6 +114,11 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.config_command == "reference":
+        from oracle.config_reference import render_reference
+
+        print(render_reference(), end="")
+        return 0
     from oracle.config import Config
 
     print(json.dumps(Config.model_json_schema(), indent=2))

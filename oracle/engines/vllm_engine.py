@@ -1,0 +1,302 @@
+"""The `vllm` engine adapter: vLLM's offline engine in a worker process of its own, one per mode.
+
+vLLM reads `VLLM_BATCH_INVARIANT` once at start and `torch.library` overrides are global to a
+process, so each mode gets a fresh worker (`oracle.engines.vllm_worker`) started with that mode's
+environment; this process never imports vllm. The worker is a plain child process (not a
+`multiprocessing` spawn), so a user's script needs no `__main__` guard, and it talks over a
+socket pair with pickled messages. Every wait on it is bounded: a worker that dies or stops
+answering becomes `EngineError`, never a hang.
+
+What is compared: token ids, and vLLM's float32 log-probabilities. vLLM returns logprobs, not
+logits, so with `sampling.logits: full` each `Completion.logits[i]` is the float32 log-softmax row
+over the vocabulary, and `top2` holds the top two logprobs (their difference is the logit margin).
+
+Config (`engine.kind: oracle.engines.vllm_engine:VllmEngine`, keyword arguments in `engine.options`):
+
+    dtype, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching
+    invariance: "oracle_kernels" | "vllm" | "none"   what invariant mode means (see `INVARIANCE`)
+    logprobs: top-k logprobs per step when full rows are not asked for (>= 2, for the margin)
+    threads: OMP_NUM_THREADS of the worker; split_kv: VLLM_CPU_ATTN_SPLIT_KV (None: vLLM's default)
+    engine_args: extra `vllm.EngineArgs` fields; env: extra environment variables of the worker
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from oracle.engines.base import MODES, Completion, Mode, Request
+from oracle.engines.vllm_worker import WorkerSpec
+from oracle.errors import ConfigError, EngineError
+
+INVARIANCE = {
+    "oracle_kernels": "oracle_kernels in the worker (torch.library overrides; linear layers moved from "
+                      "oneDNN to aten so the overrides reach them)",
+    "vllm": "VLLM_BATCH_INVARIANT=1 (vLLM's own batch-invariant kernels)",
+    "none": "none (invariant mode runs vLLM's default kernels)",
+}
+DTYPES = ("float32", "bfloat16", "float16")
+_LOG_TAIL_LINES = 25
+
+
+def _option(name: str) -> str:
+    return f"engine.options.{name}"
+
+
+class VllmEngine:
+    """Implements `oracle.engines.base.Engine` over a vLLM worker process."""
+
+    def __init__(
+        self,
+        model: Path | str,
+        mode: Mode,
+        *,
+        dtype: str = "bfloat16",
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 256,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = False,
+        invariance: str = "oracle_kernels",
+        logprobs: int = 5,
+        threads: int | None = None,
+        split_kv: bool | None = None,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+        kv_cache_space_gib: int = 1,
+        seed: int = 0,
+        audit: bool = True,
+        start_timeout_s: float = 300.0,
+        timeout_s: float = 600.0,
+        log_level: str = "WARNING",
+        engine_args: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"vllm engine: mode {mode!r} is not one of {', '.join(MODES)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"{_option('dtype')}: {dtype!r} is not one of {', '.join(DTYPES)}")
+        if invariance not in INVARIANCE:
+            raise ConfigError(f"{_option('invariance')}: {invariance!r} is not one of {', '.join(INVARIANCE)}")
+        if not isinstance(logprobs, int) or logprobs < 2:
+            raise ConfigError(f"{_option('logprobs')}: must be an integer >= 2 (the top-2 margin needs two)")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("threads", threads), ("kv_cache_space_gib", kv_cache_space_gib)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{_option(name)}: must be a positive integer, got {value!r}")
+        model_dir = Path(model)
+        if not (model_dir / "config.json").is_file():
+            raise ConfigError(f"vllm engine: {model_dir} holds no config.json (an HF-format checkpoint directory)")
+        self.mode: Mode = mode
+        self.spec = WorkerSpec(
+            model=str(model_dir), mode=mode, invariance=invariance, dtype=dtype, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=enable_prefix_caching, logprobs=logprobs, enforce_eager=enforce_eager,
+            max_model_len=max_model_len, seed=seed, audit=audit, engine_args=dict(engine_args or {}),
+        )
+        self.timeout_s = timeout_s
+        self.env = self._worker_env(mode, invariance, threads, split_kv, kv_cache_space_gib, log_level, env or {})
+        self._worker: _Worker | None = None
+        self._worker = _Worker.start(self.spec, self.env, start_timeout_s)
+
+    @staticmethod
+    def _worker_env(mode: Mode, invariance: str, threads: int | None, split_kv: bool | None,
+                    kv_cache_space_gib: int, log_level: str, extra: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+            env.pop(name, None)  # the mode decides these, not the caller's shell
+        env.update({
+            # In-process engine core: starts in seconds, and this worker can step it itself.
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib),
+            "VLLM_LOGGING_LEVEL": log_level,
+            "TOKENIZERS_PARALLELISM": "false",
+        })
+        if mode == "invariant" and invariance == "vllm":
+            env["VLLM_BATCH_INVARIANT"] = "1"
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
+        if split_kv is not None:
+            env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if split_kv else "0"
+        env.update({str(k): str(v) for k, v in extra.items()})
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        s = self.spec
+        info = self._live().info
+        out: dict[str, Any] = {
+            "engine": "vllm",
+            "engine_version": info.get("engine_version"),
+            "device": "cpu",
+            "dtype": s.dtype,
+            "invariance_mechanism": INVARIANCE[s.invariance] if self.mode == "invariant" else
+            "none (vLLM's default kernels)",
+            "logits": "float32 logprob rows (vLLM returns log-softmax, not raw logits)",
+            "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "enable_chunked_prefill": s.enable_chunked_prefill,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "enforce_eager": s.enforce_eager,
+            "budget_per_call": "scheduler max_num_scheduled_tokens, up to max_num_batched_tokens",
+            "linear_kernel": info.get("linear_kernel"),
+            "torch_threads": info.get("torch_threads"),
+            "worker_env": info.get("env", {}),
+        }
+        if "covered_ops" in info:
+            out["covered_ops"] = info["covered_ops"]
+        if "ops" in info:
+            out["ops"] = info["ops"]
+        return out
+
+    def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        """Run the requests in the worker; each joins at engine step `arrival_step`."""
+        budget = max_num_batched_tokens
+        if budget is not None and budget > self.spec.max_num_batched_tokens:
+            # The worker's buffers are sized for the engine's budget; a larger one needs a restart.
+            raise ConfigError(
+                f"schedule.max_num_batched_tokens: a trial asks for {budget} tokens per pass but the vllm "
+                f"engine was built for {self.spec.max_num_batched_tokens}; raise "
+                f"{_option('max_num_batched_tokens')} to at least the schedule's maximum")
+        if not self.spec.enable_chunked_prefill:
+            limit = budget or self.spec.max_num_batched_tokens
+            long = next((r for r in requests if len(r.prompt_token_ids) > limit), None)
+            if long is not None:
+                raise ConfigError(
+                    f"{_option('enable_chunked_prefill')}: request {long.request_id} has a "
+                    f"{len(long.prompt_token_ids)}-token prompt, over the {limit}-token budget; enable "
+                    "chunked prefill or raise the budget")
+        for r in requests:
+            if not r.prompt_token_ids:
+                raise ConfigError(f"request {r.request_id}: empty prompt")
+        result = self._live().call(("generate", list(requests), budget), self.timeout_s)
+        return list(result)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (the next requests run cold)."""
+        if not self._live().call(("reset_prefix_cache",), self.timeout_s):
+            raise EngineError("vllm worker: reset_prefix_cache refused (requests still running)")
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
+    def _live(self) -> _Worker:
+        if self._worker is None:
+            raise EngineError("vllm engine is closed")
+        return self._worker
+
+
+class _Worker:
+    """A running worker process and its end of the socket pair; every wait has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, log_path: Path) -> None:
+        self.proc, self.conn, self.log_path = proc, conn, log_path
+        self.info: dict[str, Any] = {}
+        # Kill the process if the engine is dropped without close(), or at interpreter exit.
+        self._finalizer = weakref.finalize(self, _kill, proc, conn)
+
+    @classmethod
+    def start(cls, spec: WorkerSpec, env: dict[str, str], timeout_s: float) -> _Worker:
+        ours, theirs = socket.socketpair()
+        fd, log_name = tempfile.mkstemp(prefix="oracle-vllm-", suffix=".log")
+        try:
+            with os.fdopen(fd, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "oracle.engines.vllm_worker", str(theirs.fileno())],
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                )
+        except OSError as e:
+            ours.close()
+            raise EngineError(f"vllm worker failed to start: {e}") from e
+        finally:
+            theirs.close()
+        worker = cls(proc, Connection(ours.detach()), Path(log_name))
+        try:
+            worker.conn.send(("start", spec))
+            worker.info = worker.wait(timeout_s, "start", expect="ready")
+        except BaseException:
+            worker.stop()
+            raise
+        return worker
+
+    def call(self, msg: tuple[Any, ...], timeout_s: float) -> Any:
+        try:
+            self.conn.send(msg)
+        except OSError as e:
+            raise self._dead(f"{msg[0]}: cannot send ({e})") from e
+        return self.wait(timeout_s, str(msg[0]))
+
+    def wait(self, timeout_s: float, what: str, expect: str = "ok") -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _kill(self.proc, self.conn)
+                raise EngineError(f"vllm worker: no answer to {what} within {timeout_s:.0f} s; killed it"
+                                  f"{self._log_tail()}")
+            try:
+                ready = self.conn.poll(min(left, 1.0))
+                reply = self.conn.recv() if ready else None
+            except (EOFError, OSError) as e:
+                raise self._dead(what) from e
+            if reply is None:
+                if self.proc.poll() is not None:
+                    raise self._dead(what)
+                continue
+            kind, payload = reply
+            if kind == expect:
+                return payload
+            if kind == "error":
+                raise EngineError(f"vllm worker: {what} failed: {payload.strip()}{self._log_tail()}")
+            raise EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
+
+    def _dead(self, what: str) -> EngineError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return EngineError(f"vllm worker died during {what} (exit code {self.proc.returncode})"
+                           f"{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        tail = "\n".join(lines[-_LOG_TAIL_LINES:])
+        return f"\n--- worker log {self.log_path} (last {_LOG_TAIL_LINES} lines) ---\n{tail}" if tail else ""
+
+    def stop(self) -> None:
+        """Ask the worker to exit; terminate, then kill, if it does not within a few seconds."""
+        with contextlib.suppress(OSError):
+            self.conn.send(("close",))
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._finalizer()
+        if self.proc.returncode == 0:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+
+
+def _kill(proc: subprocess.Popen[bytes], conn: Connection) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    conn.close()

@@ -1,0 +1,355 @@
+"""The vLLM worker process: one `vllm.LLMEngine` for one mode, stepped by hand, answering over a socket.
+
+`python -m oracle.engines.vllm_worker FD` is started by `oracle.engines.vllm_engine.VllmEngine`
+with the environment of its mode already set (VLLM_BATCH_INVARIANT, OMP_NUM_THREADS, ...), because
+vLLM reads those once, at import and engine start, and `torch.library` overrides are process-wide.
+FD is one end of a socket pair; messages are pickled tuples (`multiprocessing.connection`):
+
+    parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, budget),
+                      ("reset_prefix_cache",), ("close",)
+    worker -> parent: ("ready", info) | ("ok", result) | ("error", text)
+
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so this module steps it
+itself: a request joins when the step counter reaches its `arrival_step`, and the scheduler's
+output of every step is recorded as the evidence of what shared each forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+import traceback
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from oracle.engines.base import Completion, Request, SamplingParams, StepEvidence
+
+_AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything the worker needs to build its engine; plain data, sent pickled."""
+
+    model: str
+    mode: str
+    invariance: str  # "vllm" | "oracle_kernels" | "none"
+    dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    logprobs: int
+    enforce_eager: bool
+    max_model_len: int | None
+    seed: int
+    audit: bool
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def uses_oracle_kernels(self) -> bool:
+        return self.mode == "invariant" and self.invariance == "oracle_kernels"
+
+
+@dataclass
+class _Scheduled:
+    """One request's share of one forward pass, read from the scheduler right after it scheduled."""
+
+    num_seqs: int
+    num_tokens: int
+    is_prefill: bool
+    completes: bool  # the pass reaches the end of the known tokens, so it samples a token
+    num_computed_before: int
+    num_output_tokens: int
+
+
+class _SchedulerTap:
+    """Wraps `scheduler.schedule` to keep, per call, what each scheduled request did in that pass.
+
+    Read inside the call because the scheduler advances `num_computed_tokens` there and frees
+    finished requests in `update_from_output`, after which they are gone.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        self._schedule = scheduler.schedule
+        self.passes: list[dict[str, _Scheduled]] = []
+        scheduler.schedule = self._tapped
+
+    def _tapped(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._schedule(*args, **kwargs)
+        counts: dict[str, int] = out.num_scheduled_tokens
+        total = int(out.total_num_scheduled_tokens)
+        one: dict[str, _Scheduled] = {}
+        for rid, n in counts.items():
+            req = self._scheduler.requests[rid]
+            after = int(req.num_computed_tokens)  # already advanced by this pass
+            one[rid] = _Scheduled(
+                num_seqs=len(counts), num_tokens=total, is_prefill=after - n < req.num_prompt_tokens,
+                completes=after >= req.num_tokens, num_computed_before=after - n,
+                num_output_tokens=int(req.num_output_tokens),
+            )
+        if total:
+            self.passes.append(one)
+        return out
+
+    def take(self) -> list[dict[str, _Scheduled]]:
+        passes, self.passes = self.passes, []
+        return passes
+
+
+@contextlib.contextmanager
+def _aten_linear() -> Iterator[None]:
+    """While vLLM loads weights, make every CPU linear layer call torch's `F.linear` (aten::addmm/mm).
+
+    vLLM's CPU backend binds each linear layer to oneDNN (`_C::onednn_mm`) at load time; that
+    kernel never passes through aten, so `oracle_kernels`' overrides could not reach it.
+    """
+    import torch
+    from vllm.model_executor.layers import utils as layer_utils
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+    try:
+        yield
+    finally:
+        layer_utils.dispatch_cpu_unquantized_gemm = original
+
+
+@dataclass
+class _Track:
+    """Per request of one generate call."""
+
+    index: int
+    out: Completion
+    want: str  # "full" | "digest" | "none"
+    prefill_passes: int = 0
+    num_cached_tokens: int = 0
+
+
+class WorkerEngine:
+    """A `vllm.LLMEngine` built for one mode, and the loop that steps it for one trial at a time."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import vllm
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.spec = spec
+        patch = _aten_linear() if spec.uses_oracle_kernels else contextlib.nullcontext()
+        args = EngineArgs(
+            model=spec.model, dtype=spec.dtype, skip_tokenizer_init=True, seed=spec.seed,
+            max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+            enable_chunked_prefill=spec.enable_chunked_prefill, enable_prefix_caching=spec.enable_prefix_caching,
+            # -1: the full vocabulary may be asked for (logits "full" / "digest").
+            max_logprobs=-1, enforce_eager=spec.enforce_eager, max_model_len=spec.max_model_len,
+            # Outputs must belong to the step that scheduled them, or the evidence would be off by one.
+            async_scheduling=False, disable_log_stats=True, **spec.engine_args,
+        )
+        with patch:
+            self.engine = LLMEngine.from_engine_args(args)
+        core = self.engine.engine_core.engine_core  # the in-process EngineCore
+        self.scheduler = core.scheduler
+        self.tap = _SchedulerTap(self.scheduler)
+        self.vocab_size = int(self.engine.model_config.get_vocab_size())
+        self.info: dict[str, Any] = {
+            "engine_version": vllm.__version__, "vocab_size": self.vocab_size,
+            "max_model_len": int(self.engine.model_config.max_model_len),
+            "linear_kernel": "aten (F.linear)" if spec.uses_oracle_kernels else "vLLM's CPU dispatch (oneDNN)",
+        }
+        self.info.update(_threads())
+        if spec.audit:
+            self.info["ops"] = self._audit()
+
+    def _audit(self) -> dict[str, Any]:
+        """Run two short requests side by side and list the ops one engine step reaches.
+
+        `batch_variant_*` are the aten ops `oracle_kernels.audit` knows to be batch-variant, split by
+        whether our kernel ran them; `opaque` are vLLM's own custom ops (`_C::`, `vllm::`), whose
+        insides torch cannot see, so no aten override reaches them.
+        """
+        import oracle_kernels
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class AllOps(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.names: Counter[str] = Counter()
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                self.names[str(func.name())] += 1
+                return func(*args, **(kwargs or {}))
+
+        reqs = [Request("audit-a", tuple(range(1, 6)), _AUDIT_SAMPLING),
+                Request("audit-b", tuple(range(7, 16)), _AUDIT_SAMPLING)]
+        every = AllOps()
+        with every:
+            result = oracle_kernels.audit(self.generate, reqs, None)
+        if self.spec.enable_prefix_caching:
+            self.engine.reset_prefix_cache()
+        opaque = sorted(n for n in every.names if not n.startswith("aten::"))
+        return {"batch_variant_covered": list(result.covered), "batch_variant_uncovered": list(result.uncovered),
+                "opaque": opaque}
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.engine.reset_prefix_cache())
+
+    def generate(self, requests: Sequence[Request], budget: int | None) -> list[Completion]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        # vLLM's own knob for a scheduling budget below the batch capacity the engine was built with.
+        self.scheduler.max_num_scheduled_tokens = budget or self.spec.max_num_batched_tokens
+        tracks: dict[str, _Track] = {}
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
+        # A budget that can never schedule a prompt would loop forever: bound the steps instead.
+        limit = max((r.arrival_step for r in requests), default=0) + 4 * sum(
+            len(r.prompt_token_ids) + r.sampling.max_tokens for r in requests) + 64
+        self.tap.take()
+        step = added = 0
+        while added < len(order) or self.engine.has_unfinished_requests():
+            while added < len(order) and requests[order[added]].arrival_step <= step:
+                r = requests[order[added]]
+                s = r.sampling
+                k = -1 if s.logits in ("full", "digest") else self.spec.logprobs
+                params = VllmSamplingParams(
+                    max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed if s.temperature > 0 else None,
+                    logprobs=k, detokenize=False, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
+                    flat_logprobs=True,
+                )
+                rid = self.engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params)
+                out = Completion(r.request_id, [], [], logits=[] if s.logits == "full" else None,
+                                 logits_digests=[] if s.logits == "digest" else None, top2=[])
+                tracks[rid] = _Track(order[added], out, s.logits)
+                added += 1
+            if self.engine.has_unfinished_requests():
+                outputs = self.engine.step()
+                self._record_passes(step, tracks)
+                by_external = {t.out.request_id: t for t in tracks.values()}
+                for o in outputs:
+                    self._record_tokens(by_external[o.request_id], o)
+            step += 1
+            if step > limit:
+                raise RuntimeError(f"no completion after {limit} engine steps (budget {budget}, "
+                                   f"chunked prefill {self.spec.enable_chunked_prefill})")
+        done = sorted(tracks.values(), key=lambda t: t.index)
+        return [t.out for t in done]
+
+    def _record_passes(self, step: int, tracks: dict[str, _Track]) -> None:
+        for one in self.tap.take():
+            for rid, p in one.items():
+                t = tracks.get(rid)
+                if t is None:
+                    continue
+                if p.is_prefill and t.prefill_passes == 0:
+                    t.num_cached_tokens = p.num_computed_before  # a new request starts past its cached prefix
+                chunked = p.is_prefill and (t.prefill_passes > 0 or not p.completes)
+                t.prefill_passes += p.is_prefill
+                t.out.evidence.append(StepEvidence(
+                    engine_step=step, num_seqs=p.num_seqs, num_tokens=p.num_tokens, is_prefill=p.is_prefill,
+                    chunked=chunked, num_cached_tokens=t.num_cached_tokens,
+                    token_index=p.num_output_tokens if p.completes else None,
+                ))
+
+    def _record_tokens(self, t: _Track, o: Any) -> None:
+        c = o.outputs[0]
+        lp = c.logprobs  # FlatLogprobs: the positions of this step's new tokens only (DELTA)
+        for j, token in enumerate(c.token_ids):
+            lo, hi = lp.start_indices[j], lp.end_indices[j]
+            ids = np.asarray(lp.token_ids[lo:hi], dtype=np.int64)
+            vals = np.asarray(lp.logprobs[lo:hi], dtype=np.float32)  # float32 already; exact
+            hit = np.flatnonzero(ids == token)
+            if hit.size == 0:
+                raise RuntimeError(f"request {t.out.request_id}: vLLM returned no logprob for sampled token {token}")
+            t.out.token_ids.append(int(token))
+            t.out.logprobs.append(float(vals[hit[0]]))
+            if t.want in ("full", "digest"):
+                row = np.full(self.vocab_size, -np.inf, dtype=np.float32)  # [vocab] logprobs
+                row[ids] = vals
+                top = np.partition(row, -2)[-2:]
+                top2 = (float(top[1]), float(top[0]))
+                if t.out.logits is not None:
+                    t.out.logits.append(row)
+                elif t.out.logits_digests is not None:
+                    t.out.logits_digests.append(hashlib.sha256(row.tobytes()).hexdigest())
+            else:
+                best = np.sort(np.unique(vals))[::-1]
+                top2 = (float(best[0]), float(best[1] if best.size > 1 else best[0]))
+            assert t.out.top2 is not None
+            t.out.top2.append(top2)
+
+
+def _threads() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    keys = ("OMP_NUM_THREADS", "VLLM_CPU_ATTN_SPLIT_KV", "VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND")
+    return {"torch_threads": torch.get_num_threads(), "env": {k: os.environ[k] for k in keys if k in os.environ}}
+
+
+def _serve(conn: Connection, engine: WorkerEngine) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        op = msg[0]
+        if op == "close":
+            return
+        try:
+            if op == "generate":
+                result: Any = engine.generate(msg[1], msg[2])
+            elif op == "reset_prefix_cache":
+                result = engine.reset_prefix_cache()
+            else:
+                raise ValueError(f"unknown message {op!r}")
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            continue
+        conn.send(("ok", result))
+
+
+def main(argv: Sequence[str]) -> int:
+    conn = Connection(int(argv[0]))
+    try:
+        op, spec = conn.recv()
+        if op != "start" or not isinstance(spec, WorkerSpec):
+            raise ValueError(f"expected ('start', WorkerSpec), got {op!r}")
+        kernels: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if spec.uses_oracle_kernels:
+            import oracle_kernels
+
+            kernels = oracle_kernels.batch_invariant()
+        with kernels:
+            engine = WorkerEngine(spec)
+            if spec.uses_oracle_kernels:
+                import oracle_kernels
+
+                engine.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
+            conn.send(("ready", engine.info))
+            _serve(conn, engine)
+    except EOFError:
+        return 1
+    except BaseException as e:  # noqa: BLE001 - whatever stopped the start is the parent's error message
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # Run from the importable module, not `__main__`: the pickled WorkerSpec names that module.
+    from oracle.engines.vllm_worker import main as _main
+
+    sys.exit(_main(sys.argv[1:]))
