@@ -8,6 +8,7 @@ evidence is real for the fake's own schedule.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ def _value(prompt: tuple[int, ...], step: int) -> tuple[int, float]:
 class FakeEngine:
     def __init__(self, model: Path, mode: Mode, *, diverge_from_batch: int | None = None,
                  diverge_mode: str = "invariant", diverge_step: int = 0, diverge_not_first: bool = False,
-                 fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False) -> None:
+                 fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False,
+                 sleep_s: float = 0.0) -> None:
         self.mode = mode
         self.diverge_from_batch = diverge_from_batch
         self.diverge_mode = diverge_mode
@@ -32,6 +34,7 @@ class FakeEngine:
         self.fail_after_calls = fail_after_calls
         self.always_alone = always_alone
         self.flip_token = flip_token
+        self.sleep_s = sleep_s
         self.calls = 0
 
     def describe(self) -> dict[str, Any]:
@@ -42,6 +45,8 @@ class FakeEngine:
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         self.calls += 1
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
             raise RuntimeError("planted engine failure")
         batch = 1 if self.always_alone else len(requests)
