@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("config", type=Path)
     rec.add_argument("--golden", type=Path, required=True)
 
+    b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
+    b.add_argument("what", help="'kernels', or a config file to time in both modes")
+    b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
+
     m = sub.add_parser("model", help="make checkpoints")
     msub = m.add_subparsers(dest="model_command", required=True)
     mk = msub.add_parser("make", help="write an HF-format checkpoint with seeded random weights")
@@ -101,6 +107,14 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from oracle.bench import bench_config, bench_kernels
+
+    if args.what == "kernels":
+        return bench_kernels(args.dtype, args.json, quick=args.quick)
+    return bench_config(args.what, args.json)
+
+
 def _model(args: argparse.Namespace) -> int:
     from oracle.models import PRESETS, make_model
 
@@ -127,7 +141,8 @@ def _config(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _run, "replay": _replay, "record": _record, "model": _model, "config": _config}
+    handlers = {"run": _run, "replay": _replay, "record": _record, "bench": _bench, "model": _model,
+                "config": _config}
     try:
         return handlers[args.command](args)
     except OracleError as e:

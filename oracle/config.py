@@ -39,6 +39,7 @@ class EngineConfig(_Strict):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
     block_size: int = Field(16, ge=1, description="KV cache block size (tokens)")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads during generation (native)")
     preload: list[str] = Field(default_factory=list, description="modules imported in the engine's process first")
     options: dict[str, Any] = Field(default_factory=dict, description="passed as keyword arguments to a custom engine")
 

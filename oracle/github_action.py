@@ -63,7 +63,7 @@ def check_message(report: dict[str, Any], check: dict[str, Any], report_path: Pa
     return "\n".join(lines)
 
 
-def annotations(report: dict[str, Any] | None, report_path: Path, exit_code: int,
+def workflow_commands(report: dict[str, Any] | None, report_path: Path, exit_code: int,
                 config: str | None = None) -> Iterator[str]:
     """The workflow commands for a run: errors for blocking checks, warnings for `warn` ones."""
     if report is None:
@@ -89,7 +89,7 @@ def annotate(report_dir: Path, exit_code: int | None, config: str | None, out: T
         report = None
     if exit_code is None:
         exit_code = int(report.get("exit_code", 1)) if report else 2
-    for line in annotations(report, path, exit_code, config):
+    for line in workflow_commands(report, path, exit_code, config):
         print(line, file=out)
     write_outputs({"exit-code": str(exit_code), "verdict": verdict_of(exit_code), "report-dir": str(report_dir)})
     return 0

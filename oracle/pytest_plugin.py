@@ -152,15 +152,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     state.current = None
     mark = item.get_closest_marker("oracle")
     settings = MarkerSettings()
+    error: str | None = None
     if mark is not None:
         try:
             settings = validate_marker(mark, item.path.parent)
         except ValueError as e:
             error = f"@pytest.mark.oracle: {e}"
-        else:
-            error = None
-        if error:
-            pytest.fail(error, pytrace=False)
+    if error:  # failed outside the except block, so no chained traceback is shown
+        pytest.fail(error, pytrace=False)
     state.current = Current(item, settings)
 
 
@@ -184,7 +183,7 @@ class _Summary:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":  # teardown's user_properties hold every run of the test
             return
-        self.state.runs += [RunRecord.from_json(v) for k, v in report.user_properties if k == USER_PROPERTY]
+        self.state.runs += [RunRecord.from_json(str(v)) for k, v in report.user_properties if k == USER_PROPERTY]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.state.runs:

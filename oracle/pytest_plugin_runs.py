@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,11 +27,13 @@ from oracle.errors import OracleError
 from oracle.pytest_plugin_failure import describe_failure, is_bad
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from oracle.config import Config
     from oracle.report import Report
 
-Prompts = Union[str, Sequence[Union[str, Sequence[int]]]]
-ConfigSource = Union["Config", str, "os.PathLike[str]", Mapping[str, Any]]
+    Prompts: TypeAlias = str | Sequence[str | Sequence[int]]
+    ConfigSource: TypeAlias = Config | str | os.PathLike[str] | Mapping[str, Any]
 
 MARKER_HELP = ("oracle(trials=N, seed=N, config=PATH, checks={name: requirement}, engine=KIND, model=SPEC): "
                "settings for the oracle fixture's runs in this test")
@@ -291,7 +293,7 @@ class OracleSession:
         if config is None:
             config = self._marker().config or self._state.base_config
         if config is None:
-            return copy.deepcopy(DEFAULT_CONFIG), "the fixture's default (preset:tiny-qwen3, native)"
+            return copy.deepcopy(DEFAULT_CONFIG), "the fixture's default config"
         if isinstance(config, Config):
             return config.model_dump(mode="json"), "a Config"
         if isinstance(config, Mapping):

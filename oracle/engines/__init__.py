@@ -42,7 +42,8 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
             return NativeEngine(
                 model_dir, mode, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens, enable_chunked_prefill=cfg.enable_chunked_prefill,
-                enable_prefix_caching=cfg.enable_prefix_caching, block_size=cfg.block_size, **cfg.options,
+                enable_prefix_caching=cfg.enable_prefix_caching, block_size=cfg.block_size,
+                num_threads=cfg.num_threads, **cfg.options,
             )
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e

@@ -46,7 +46,7 @@ INVARIANCE = {
     "none": "none (invariant mode runs vLLM's default kernels)",
 }
 DTYPES = ("float32", "bfloat16", "float16")
-_LOG_TAIL_LINES = 25
+_LOG_TAIL_LINES = 15
 
 
 def _option(name: str) -> str:
@@ -202,6 +202,7 @@ class _Worker:
     def __init__(self, proc: subprocess.Popen[bytes], conn: Connection, log_path: Path) -> None:
         self.proc, self.conn, self.log_path = proc, conn, log_path
         self.info: dict[str, Any] = {}
+        self.keep_log = False
         # Kill the process if the engine is dropped without close(), or at interpreter exit.
         self._finalizer = weakref.finalize(self, _kill, proc, conn)
 
@@ -258,7 +259,8 @@ class _Worker:
             if kind == expect:
                 return payload
             if kind == "error":
-                raise EngineError(f"vllm worker: {what} failed: {payload.strip()}{self._log_tail()}")
+                self.keep_log = True
+                raise EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")
             raise EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
 
     def _dead(self, what: str) -> EngineError:
@@ -268,6 +270,7 @@ class _Worker:
                            f"{self._log_tail()}")
 
     def _log_tail(self) -> str:
+        self.keep_log = True
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
@@ -289,7 +292,7 @@ class _Worker:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         self._finalizer()
-        if self.proc.returncode == 0:
+        if self.proc.returncode == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()
 

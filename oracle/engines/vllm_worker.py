@@ -298,6 +298,15 @@ def _threads() -> dict[str, Any]:
     return {"torch_threads": torch.get_num_threads(), "env": {k: os.environ[k] for k in keys if k in os.environ}}
 
 
+def _report(e: BaseException) -> str:
+    """One line for the parent's error message; the whole traceback goes to the worker log (stderr)."""
+    traceback.print_exception(e, file=sys.stderr)
+    sys.stderr.flush()
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
 def _serve(conn: Connection, engine: WorkerEngine) -> None:
     while True:
         try:
@@ -315,7 +324,7 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
             else:
                 raise ValueError(f"unknown message {op!r}")
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
-            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            conn.send(("error", _report(e)))
             continue
         conn.send(("ok", result))
 
@@ -343,7 +352,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     except BaseException as e:  # noqa: BLE001 - whatever stopped the start is the parent's error message
         with contextlib.suppress(OSError):
-            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            conn.send(("error", _report(e)))
         return 1
     return 0
 

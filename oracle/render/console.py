@@ -22,7 +22,10 @@ _STYLE = {"pass": "green", "fail": "red", "vacuous": "yellow", "error": "red", "
 
 def make_console(stderr: bool = False) -> Console:
     ci = bool(os.environ.get("CI"))
-    return Console(markup=False, highlight=False, emoji=False, stderr=stderr,
+    stream = sys.stderr if stderr else sys.stdout
+    # A log (CI, a pipe) has no width of its own: 140 columns keep the tables from wrapping.
+    width = None if stream.isatty() and not ci else 140
+    return Console(markup=False, highlight=False, emoji=False, stderr=stderr, width=width,
                    no_color=ci or bool(os.environ.get("NO_COLOR")), force_interactive=False if ci else None)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class NativeEngine:
         enable_chunked_prefill: bool = True,
         block_size: int = 16,
         enable_prefix_caching: bool = False,
+        num_threads: int | None = None,
         stop_at_eos: bool = False,
     ) -> None:
         if dtype not in DTYPES:
@@ -57,6 +58,7 @@ class NativeEngine:
         self.block_size = block_size
         self.stop_at_eos = stop_at_eos
         self.enable_prefix_caching = enable_prefix_caching
+        self.num_threads = num_threads
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
         self._allocator = BlockAllocator(0, block_size)
@@ -75,6 +77,7 @@ class NativeEngine:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": self.enable_prefix_caching,
+            "num_threads": self.num_threads or torch.get_num_threads(),
         }
 
     def close(self) -> None:
@@ -82,6 +85,17 @@ class NativeEngine:
 
     def _kernels(self) -> contextlib.AbstractContextManager[None]:
         return oracle_kernels.batch_invariant() if self.mode == "invariant" else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        """torch's intra-op thread count for the call, restored after. One thread is fastest for tiny models."""
+        before = torch.get_num_threads()
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
@@ -122,7 +136,7 @@ class NativeEngine:
                            logits_digests=[] if r.sampling.logits == "digest" else None, top2=[])
                 for r in requests]
         generators = [self._generator(r) for r in requests]
-        with torch.no_grad(), self._kernels():
+        with torch.no_grad(), self._threads(), self._kernels():
             step = 0
             while not scheduler.is_done():
                 batch = scheduler.schedule(step)
