@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-ROW_LENGTHS = [64, 96, 1000, 4096]  # powers of two and not
+# Row lengths K: powers of two and not. Each invariance test runs two of them by default and
+# the other two under `-m slow`, so that the default run sees all four.
+ROW_LENGTHS = [64, 96, 1000, 4096]
 BATCH_SIZES = [*range(1, 65), 127, 128, 129, 255, 256, 257, 300, 1024]
 POSITION_BATCH_SIZES = [23, 300]  # a partial tile, and every position of every tile size
 OUT_FEATURES = 48  # N of the matrix products: small, so that K and M can be large and quick
@@ -75,7 +77,7 @@ def _rms_norm(dtype: torch.dtype, k: int) -> Callable[[torch.Tensor], torch.Tens
 OP_CASES = [
     OpCase("mm", "aten::mm", _mm),
     OpCase("linear", "aten::addmm", _linear),
-    OpCase("bmm", "aten::bmm", _bmm, row_shape=(BMM_ROWS + BMM_COLS,)),
+    OpCase("bmm", "aten::bmm", _bmm, row_shape=(BMM_ROWS + BMM_COLS,), tolerance=10.0),
     OpCase("linear_3d_strided", "aten::bmm", _linear_strided, row_shape=(BMM_ROWS,)),
     OpCase("softmax", "aten::_softmax", lambda d, k: lambda x: torch.softmax(x, dim=-1)),
     OpCase("log_softmax", "aten::_log_softmax", lambda d, k: lambda x: F.log_softmax(x, dim=-1)),
@@ -108,9 +110,20 @@ def _first_differing_row(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(rows[0]) if rows.numel() else None
 
 
-@pytest.mark.parametrize("k", ROW_LENGTHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", OP_CASES, ids=lambda c: c.name)
+def _params(fast_lengths: tuple[int, ...]) -> list[object]:
+    # (case, dtype, K) for every op and dtype; K outside `fast_lengths` is marked slow, and so is
+    # fp16 bmm with a long K: torch's CPU fp16 bmm is a plain loop (about 1 GFLOP/s).
+    params: list[object] = []
+    for case in OP_CASES:
+        for dtype in DTYPES:
+            for k in ROW_LENGTHS:
+                slow = k not in fast_lengths or (case.name == "bmm" and dtype == torch.float16 and k > 100)
+                marks = [pytest.mark.slow] if slow else []
+                params.append(pytest.param(case, dtype, k, marks=marks, id=f"{case.name}-{dtype}-{k}"))
+    return params
+
+
+@pytest.mark.parametrize(("case", "dtype", "k"), _params(fast_lengths=(64, 1000)))
 def test_row_zero_is_the_same_for_every_batch_size(kernels: None, case: OpCase, dtype: torch.dtype, k: int) -> None:
     op = case.make(dtype, k)
     x = _batch(case, dtype, k, max(BATCH_SIZES), seed=k)
@@ -119,9 +132,7 @@ def test_row_zero_is_the_same_for_every_batch_size(kernels: None, case: OpCase, 
     assert differing == [], f"{case.name}: row 0 differs from its solo result for M in {differing}"
 
 
-@pytest.mark.parametrize("k", ROW_LENGTHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", OP_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize(("case", "dtype", "k"), _params(fast_lengths=(96, 4096)))
 def test_every_row_equals_its_solo_result(kernels: None, case: OpCase, dtype: torch.dtype, k: int) -> None:
     op = case.make(dtype, k)
     x = _batch(case, dtype, k, max(POSITION_BATCH_SIZES), seed=k + 1)
@@ -222,3 +233,59 @@ def test_pointwise_ops_handle_special_values() -> None:
     theirs = (F.silu(x), torch.sigmoid(x))
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_gives_the_same_bits_whichever_way_torch_decomposes_it(kernels: None, dtype: torch.dtype) -> None:
+    # Contiguous 3-D input and 1-D bias: addmm. Strided input: bmm on a broadcast weight, then add.
+    # Strided bias: mm, then add. A batch of one is always contiguous, so these must agree.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 1000, generator=g).to(dtype)
+    w = torch.randn(48, 1000, generator=g).to(dtype) / 30
+    bias_and_spare = torch.randn(48, 2, generator=g).to(dtype)
+    bias = bias_and_spare[:, 0].contiguous()
+    addmm = F.linear(x, w, bias)
+    assert torch.equal(F.linear(x.transpose(0, 1).contiguous().transpose(0, 1), w, bias), addmm)
+    assert torch.equal(F.linear(x, w, bias_and_spare[:, 0]), addmm)
+
+
+@dataclass(frozen=True)
+class VariantCase:
+    """An op and shape where torch's own CPU kernel is batch-variant: why the op is covered."""
+
+    name: str
+    op: Callable[[torch.Tensor], torch.Tensor]
+    dtype: torch.dtype
+    k: int
+    needs_threads: bool = False  # the variance comes from splitting work over threads
+
+
+VARIANT_CASES = [
+    # One output row reduces 40000 elements: torch splits that row over threads, but not a batch's.
+    VariantCase("sum", lambda x: x.sum(dim=-1), torch.float32, 40_000, needs_threads=True),
+    VariantCase("mean", lambda x: x.mean(dim=-1), torch.float32, 40_000, needs_threads=True),
+    VariantCase("rms_norm", lambda x: F.rms_norm(x, (x.shape[-1],)), torch.float32, 40_000, needs_threads=True),
+    # Elementwise, no reduction: the vector loop's scalar tail rounds differently.
+    VariantCase("silu", F.silu, torch.float32, 1000),
+    VariantCase("sigmoid", torch.sigmoid, torch.float32, 1000),
+    VariantCase("rsqrt", lambda x: torch.rsqrt(x.abs() + 0.1), torch.bfloat16, 1000),
+]
+
+
+def _rows_differing_from_solo(case: VariantCase) -> int:
+    x = torch.randn(34, case.k, generator=torch.Generator().manual_seed(0)).to(case.dtype)
+    solo = torch.cat([case.op(x[i : i + 1]) for i in range(34)])
+    batches = [case.op(x[:m]) for m in (2, 3, 5, 17, 34)]
+    return sum(int((b != solo[: b.shape[0]]).reshape(b.shape[0], -1).any(dim=1).sum()) for b in batches)
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: c.name)
+def test_without_the_kernels_torch_varies(case: VariantCase) -> None:
+    if case.needs_threads and torch.get_num_threads() < 2:
+        pytest.skip("torch runs on one thread: its reduction does not split rows")
+    assert _rows_differing_from_solo(case) > 0
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: c.name)
+def test_with_the_kernels_those_cases_do_not_vary(kernels: None, case: VariantCase) -> None:
+    assert _rows_differing_from_solo(case) == 0

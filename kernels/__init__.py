@@ -1,0 +1,34 @@
+"""oracle_kernels: batch-invariant kernels for torch, registered with torch.library.
+
+With the kernels enabled, row i of op(x[:M]) is bitwise equal to op(x[i:i+1]) for every covered
+op, whatever M and whatever the other rows hold; `paged_attention` gives a token the same bits
+in prefill, chunked prefill and decode, alone or batched. Importing registers nothing (it only
+defines our own `oracle_kernels::paged_attention` op); `enable()` replaces torch's CPU kernels
+and `disable()` restores them.
+
+    import oracle_kernels
+    with oracle_kernels.batch_invariant():
+        logits = model(batch)
+    print(oracle_kernels.audit(model, batch).uncovered)  # batch-variant ops still on torch's kernels
+
+Backends: kernels/cpu/ (portable torch, the `CPU` key). A Triton backend for `CUDA` is a later
+task; it plugs in as extra rows of `registry.OVERRIDES`.
+"""
+
+from .attention import paged_attention, reference_attention
+from .audit import BATCH_VARIANT_OPS, AuditResult, audit, can_vary_with_batch
+from .registry import batch_invariant, covered_ops, disable, enable, is_enabled
+
+__all__ = [
+    "BATCH_VARIANT_OPS",
+    "AuditResult",
+    "audit",
+    "batch_invariant",
+    "can_vary_with_batch",
+    "covered_ops",
+    "disable",
+    "enable",
+    "is_enabled",
+    "paged_attention",
+    "reference_attention",
+]
