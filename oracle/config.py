@@ -109,6 +109,8 @@ class CheckConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML 1.1 reads a bare `off` as false
+            v = "required" if v else "off"
         return {"requirement": v} if isinstance(v, str) else v
 
 

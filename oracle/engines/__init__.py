@@ -9,7 +9,7 @@ from oracle.config import EngineConfig
 from oracle.engines.base import Engine, Mode
 from oracle.errors import ConfigError, EngineError
 
-BUILTIN = ("native",)
+BUILTIN = ("native", "transformers")
 
 
 def check_engine_config(cfg: EngineConfig) -> None:
@@ -45,6 +45,14 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
                 enable_prefix_caching=cfg.enable_prefix_caching, block_size=cfg.block_size,
                 num_threads=cfg.num_threads, **cfg.options,
             )
+        except TypeError as e:
+            raise ConfigError(f"engine.options: {e}") from e
+    if cfg.kind == "transformers":
+        from oracle.engines.transformers_engine import TransformersEngine
+
+        try:
+            return TransformersEngine(model_dir, mode, device=cfg.device, dtype=cfg.dtype,
+                                      num_threads=cfg.num_threads, **cfg.options)
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:
