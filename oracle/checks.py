@@ -93,15 +93,16 @@ class Judge:
                 "token_divergences": len(token_steps),
                 "max_ulp": max((r.ulp or 0) for r in recs),
             })
-        if name == "invariance" and runs.search is not None:
-            recs += self._search_evidence(runs, ev)
-        if n == 0:
+        shrunk = self._search_evidence(runs, ev) if name == "invariance" and runs.search is not None else []
+        if n == 0 and not shrunk:
             return CheckResult(name, requirement, "vacuous", 0, 0, ev, "no trial completed")
         if name == "drift":
             return self._drift_verdict(requirement, ev, recs, n)
-        if recs:
+        if recs or shrunk:
+            minimal = shrunk[0].trial if shrunk else None
+            found = f"; shrunk to a minimal trial of batch {len(minimal['fillers']) + 1}" if minimal else ""
             return CheckResult(name, requirement, "fail", n, len(recs), ev,
-                               f"{len(recs)} of {n} trials diverged from the solo reference")
+                               f"{len(recs)} of {n} trials diverged from the solo reference{found}")
         if ev["trials_batched"] == 0:
             return CheckResult(name, requirement, "vacuous", n, 0, ev,
                                "no trial put a target in a forward pass with another sequence")

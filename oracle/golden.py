@@ -23,7 +23,7 @@ FORMAT = "oracle-golden/1"
 def step_digests(c: Completion) -> list[str]:
     """One sha256 per generated step over the token id, the logprob's float32 bits and the logits row's bits."""
     out = []
-    for i, (tok, lp) in enumerate(zip(c.token_ids, c.logprobs)):
+    for i, (tok, lp) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
         h = hashlib.sha256()
         h.update(int(tok).to_bytes(8, "little", signed=True))
         h.update(np.array(lp, dtype=np.float32).tobytes())
@@ -86,7 +86,7 @@ def environment_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = 
 def compare_golden(golden: dict[str, Any], references: dict[str, Completion],
                    prompts: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
     """Per target that differs: its first differing step and whether the tokens differ there."""
-    diffs = []
+    diffs: list[dict[str, Any]] = []
     for name, c in references.items():
         g = golden["targets"].get(name)
         if g is None:
@@ -96,7 +96,7 @@ def compare_golden(golden: dict[str, Any], references: dict[str, Completion],
             diffs.append({"target": name, "problem": "prompt differs from the golden file's"})
             continue
         now = step_digests(c)
-        step = next((i for i, (a, b) in enumerate(zip(g["steps"], now)) if a != b), None)
+        step = next((i for i, (a, b) in enumerate(zip(g["steps"], now, strict=False)) if a != b), None)
         if step is None and len(now) != len(g["steps"]):
             step = min(len(now), len(g["steps"]))
         if step is not None:

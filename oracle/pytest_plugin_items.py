@@ -3,7 +3,8 @@
 The file's config is read at collection (a config error is a one-line collection error); it is
 run once, when its first item runs, and every item of the file judges its check from that
 Report: a blocking verdict (fail, vacuous, error) fails a `required` check and warns for a
-`warn` one; anything else passes.
+`warn` one; anything else passes. Under pytest-xdist each worker that gets an item of the file
+runs the config itself (same seed, same result); `--dist loadfile` keeps a file on one worker.
 """
 
 from __future__ import annotations
@@ -52,12 +53,8 @@ class OracleFile(pytest.File):
             self.oracle_config = load_config(self.path, {"schedule.trials": trials} if trials else None)
         except OracleError as e:
             raise self.CollectError(str(e)) from None
-        grouped = self.config.pluginmanager.hasplugin("xdist")
         for name in check_names(self.oracle_config):
-            item = OracleCheckItem.from_parent(self, name=name, check=name)
-            if grouped:  # with --dist loadgroup, one worker runs the whole file (and the config once)
-                item.add_marker(pytest.mark.xdist_group(name=self.nodeid))
-            yield item
+            yield OracleCheckItem.from_parent(self, name=name, check=name)
 
     def outcome(self) -> tuple[Report, Path]:
         """Run the config the first time an item asks; later items get the same Report."""

@@ -43,7 +43,7 @@ MARKER_HELP = ("oracle(trials=N, seed=N, config=PATH, checks={name: requirement}
 DEFAULT_CONFIG: dict[str, Any] = {
     "model": "preset:tiny-qwen3",
     "engine": {"kind": "native", "device": "cpu", "dtype": "float32", "max_num_seqs": 64,
-               "max_num_batched_tokens": 256},
+               "max_num_batched_tokens": 256, "enable_prefix_caching": True, "num_threads": 1},
     "prompts": {"random": {"count": 4, "min_len": 8, "max_len": 32, "seed": 0}},
     "sampling": {"max_tokens": 8, "temperature": 0.0, "logits": "full"},
     "schedule": {"trials": 20, "batch_size": [1, 16], "filler_len": [1, 48], "filler_max_tokens": [1, 12],

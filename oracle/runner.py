@@ -55,7 +55,8 @@ class Plan:
 
 def resolve_model(config: Config) -> Path:
     """`preset:NAME` (made into the cache on first use) or a checkpoint directory; ModelError otherwise."""
-    from oracle.models import PRESET_PREFIX, resolve_model as resolve
+    from oracle.models import PRESET_PREFIX
+    from oracle.models import resolve_model as resolve
 
     spec = config.model if config.model.startswith(PRESET_PREFIX) else str(config.resolve_path(config.model))
     return resolve(spec, seed=config.model_seed)

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import oracle_kernels
 import torch
 
-import oracle_kernels
 from oracle.engines.base import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.errors import ConfigError, EngineError
@@ -39,8 +39,9 @@ class TransformersEngine:
         self.num_threads = num_threads
         self.version = transformers.__version__
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(model), dtype=DTYPES[dtype], attn_implementation=attn_implementation).to(self.device)
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                str(model), dtype=DTYPES[dtype], attn_implementation=attn_implementation)
+            self.model = loaded.to(self.device)  # type: ignore[arg-type]
         except (OSError, ValueError) as e:
             raise EngineError(f"transformers could not load {model}: {e}") from e
         self.model.eval()

@@ -91,9 +91,9 @@ def print_summary(console: Console, report: Report, report_path: str) -> None:
         console.print(t)
     if report.error:
         console.print(f"engine error: {report.error}", style="red")
-    t = report.timings
-    console.print(f"report: {report_path}   time: {t.get('total_s', 0):.1f}s "
-                  f"(invariant {t.get('invariant_s', 0):.1f}s, production {t.get('production_s', 0):.1f}s)"
+    tm = report.timings
+    console.print(f"report: {report_path}   time: {tm.get('total_s', 0):.1f}s "
+                  f"(invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s)"
                   f"   exit {report.exit_code()}")
 
 

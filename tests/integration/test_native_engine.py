@@ -49,7 +49,7 @@ def test_invariant_mode_is_bitwise_equal_to_solo_for_batch_1_to_33(engines: dict
             assert first_divergence(ref, out) is None, (size, position)
             assert out.max_batch == size  # all arrived at step 0, so the prefill pass held every sequence
             assert ref.logits is not None and out.logits is not None
-            assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(ref.logits, out.logits))
+            assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(ref.logits, out.logits, strict=True))
 
 
 def test_production_mode_differs_somewhere(engines: dict[str, NativeEngine]) -> None:

@@ -33,7 +33,7 @@ def test_solo_greedy_matches_native_engine(engines: dict[str, TransformersEngine
     ours = NativeEngine(tiny_qwen3, "invariant").generate([Request("t", TARGET, SAMPLING)])[0]
     theirs = engines["invariant"].generate([Request("t", TARGET, SAMPLING)])[0]
     assert theirs.token_ids == ours.token_ids
-    assert max(abs(a - b) for a, b in zip(theirs.logprobs, ours.logprobs)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(theirs.logprobs, ours.logprobs, strict=True)) < 1e-4
 
 
 def test_invariant_mode_without_padding_is_bitwise_equal_to_solo(engines: dict[str, TransformersEngine]) -> None:

@@ -26,19 +26,17 @@ def test_ctrl_c_writes_partial_report(fake_model: Path, tmp_path: Path) -> None:
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
+           "CI": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "oracle", "run", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:  # wait until trials are running
-        time.sleep(0.5)
-        if proc.poll() is not None:
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the invariant phase has started: trials are running
+        if line.startswith("invariant:"):
             break
-        if (tmp_path / "report").exists() or time.time() > deadline - 55:
-            break
-    time.sleep(2.0)
+    time.sleep(1.5)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())

@@ -12,7 +12,7 @@ from oracle.errors import EngineError
 
 def _seqs(lengths: list[int], max_tokens: int = 3, arrivals: list[int] | None = None) -> list[Sequence]:
     arrivals = arrivals or [0] * len(lengths)
-    return [Sequence(i, n, list(range(n)), max_tokens, a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
+    return [Sequence(i, n, list(range(n)), max_tokens, a) for i, (n, a) in enumerate(zip(lengths, arrivals, strict=True))]
 
 
 def _drive(s: Scheduler, steps: int = 100) -> list[list[tuple[int, int, bool]]]:
@@ -32,7 +32,8 @@ def test_scheduler_imports_no_torch() -> None:
 
     spec = importlib.util.find_spec("oracle.engines.native.scheduler")
     assert spec is not None and spec.origin is not None
-    assert "import torch" not in open(spec.origin).read()
+    with open(spec.origin) as f:
+        assert "import torch" not in f.read()
 
 
 def test_chunked_prefill_respects_budget() -> None:

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import oracle_kernels
 import torch
 
-import oracle_kernels
 from oracle.engines.base import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import oracle_kernels
 import torch
 import torch.nn.functional as F
-
-import oracle_kernels
 
 
 @dataclass(frozen=True)

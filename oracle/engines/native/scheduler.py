@@ -142,7 +142,7 @@ class BlockAllocator:
         if not self.enable_caching:
             return
         full = seq.num_computed_tokens // self.block_size
-        for block, h in zip(seq.block_table[:full], self._hashes(seq.tokens, full)):
+        for block, h in zip(seq.block_table[:full], self._hashes(seq.tokens, full), strict=True):
             if h not in self.by_hash:
                 self.by_hash[h] = block
                 self.hash_of[block] = h
