@@ -3,16 +3,17 @@
 With the kernels enabled, row i of op(x[:M]) is bitwise equal to op(x[i:i+1]) for every covered
 op, whatever M and whatever the other rows hold; `paged_attention` gives a token the same bits
 in prefill, chunked prefill and decode, alone or batched. Importing registers nothing (it only
-defines our own `oracle_kernels::paged_attention` op); `enable()` replaces torch's CPU kernels
-and `disable()` restores them.
+defines our own `oracle_kernels::paged_attention` op); `enable()` replaces torch's CPU and CUDA
+kernels and `disable()` restores them.
 
     import oracle_kernels
     with oracle_kernels.batch_invariant():
         logits = model(batch)
     print(oracle_kernels.audit(model, batch).uncovered)  # batch-variant ops still on torch's kernels
 
-Backends: kernels/cpu/ (portable torch, the `CPU` key). A Triton backend for `CUDA` is a later
-task; it plugs in as extra rows of `registry.OVERRIDES`.
+Backends: kernels/cpu/ (portable torch, the `CPU` key) and kernels/triton/ (Triton kernels, the
+`CUDA` key; triton is imported on the first CUDA call). `python -m oracle_kernels.bench` times
+the CUDA kernels against torch's.
 """
 
 from .attention import paged_attention, reference_attention

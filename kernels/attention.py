@@ -106,8 +106,8 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     length, context = q.shape[0], k.shape[0]
     qh = _by_kv_head(q, k.shape[1])  # [Hkv, G*L, D]
     scores = torch.matmul(qh, k.permute(1, 2, 0)) * scale  # [Hkv, G*L, C]
-    query_pos = context - length + torch.arange(length).repeat(qh.shape[1] // length)  # [G*L]
-    allowed = torch.arange(context)[None, :] <= query_pos[:, None]  # [G*L, C]
+    query_pos = context - length + torch.arange(length, device=q.device).repeat(qh.shape[1] // length)  # [G*L]
+    allowed = torch.arange(context, device=q.device)[None, :] <= query_pos[:, None]  # [G*L, C]
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     return _from_kv_head(torch.matmul(probs, v.permute(1, 0, 2)), length)  # [L, Hq, D]
 

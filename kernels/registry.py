@@ -2,8 +2,8 @@
 
 Each override is one row of `OVERRIDES`, one `Library.impl` line when enabled: an op, the
 dispatch key it replaces, and the adapter with the op's exact signature. The CPU rows point at
-kernels/cpu/. A CUDA backend (Triton kernels, a later task) adds its own rows with the `CUDA`
-key from a kernels/triton/ package; nothing else here changes.
+kernels/cpu/, the `CUDA` rows at kernels/triton/adapters.py (which imports triton only when a CUDA
+tensor first reaches it, so this module loads without triton).
 
 Overrides in torch's dispatcher are global to the process, so this module keeps the one piece of
 global state in the package: the live `Library` objects. `batch_invariant()` is the way to
@@ -24,6 +24,7 @@ import torch
 
 from .cpu import attention as cpu_attention
 from .cpu import matmul, pointwise, reduction
+from .triton import adapters as cuda
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,21 @@ OVERRIDES: tuple[Override, ...] = (
     Override("aten", "sigmoid", "CPU", pointwise.sigmoid_adapter),
     Override("aten", "rsqrt", "CPU", pointwise.rsqrt_adapter),
     Override("oracle_kernels", "paged_attention", "CPU", cpu_attention.paged_attention_adapter),
-    # CUDA: the Triton backend registers its rows here (key "CUDA").
+    # CUDA: Triton kernels (kernels/triton/); triton is imported on the first CUDA call.
+    Override("aten", "mm", "CUDA", cuda.mm_adapter),
+    Override("aten", "addmm", "CUDA", cuda.addmm_adapter),
+    Override("aten", "bmm", "CUDA", cuda.bmm_adapter),
+    Override("aten", "_softmax", "CUDA", cuda.softmax_adapter),
+    Override("aten", "_log_softmax", "CUDA", cuda.log_softmax_adapter),
+    Override("aten", "sum.dim_IntList", "CUDA", cuda.sum_adapter),
+    Override("aten", "mean.dim", "CUDA", cuda.mean_adapter),
+    # F.rms_norm's fused path on CUDA; the op exists from torch 2.8 (before, rms_norm reaches mean.dim).
+    *([Override("aten", "_fused_rms_norm", "CUDA", cuda.fused_rms_norm_adapter)]
+      if hasattr(torch.ops.aten, "_fused_rms_norm") else []),
+    Override("aten", "silu", "CUDA", cuda.silu_adapter),
+    Override("aten", "sigmoid", "CUDA", cuda.sigmoid_adapter),
+    Override("aten", "rsqrt", "CUDA", cuda.rsqrt_adapter),
+    Override("oracle_kernels", "paged_attention", "CUDA", cuda.paged_attention_adapter),
 )
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}

@@ -27,12 +27,12 @@ from .tiling import map_row_tiles, pad_rows
 
 def mm_kernel(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """out [T, N] = a [T, K] @ b [K, N]; T is the dtype's fixed `mm_rows`."""
-    torch.ops.aten.mm.out(a, b, out=out)
+    torch.mm(a, b, out=out)  # dispatches aten::mm.out; faster to call than the OpOverload
 
 
 def bmm_kernel(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """out [NB, T, N] = a [NB, T, K] @ b [NB, K, N]; NB, T are the dtype's fixed bmm tiles."""
-    torch.ops.aten.bmm.out(a, b, out=out)
+    torch.bmm(a, b, out=out)  # dispatches aten::bmm.out
 
 
 # --- launchers ----------------------------------------------------------------------------------

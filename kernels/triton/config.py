@@ -16,7 +16,8 @@ alike. An element's value is then the chain acc <- wgmma(acc, a[k:k+16], b[k:k+1
 16, 32, ... in the same order in every tier; BLOCK_M and BLOCK_N only decide how many rows and
 columns one program carries along that chain, not what happens to an element. The GPU tests run
 every tier on the same operands and require bitwise equality, and compare every batch size across
-the tier boundaries. Changing a number below changes which bits the kernels produce: rerun
+the tier boundaries; other GPUs (mma.sync on Ampere, tcgen05 on Blackwell) rely on the same
+tests. Changing a number below can change which bits the kernels produce: rerun
 `pytest -m gpu tests/gpu/test_kernels_cuda.py` after any change.
 
 fp32 is multiplied in IEEE fp32 (`input_precision="ieee"`), never TF32: Triton lowers that to a
@@ -62,22 +63,30 @@ class MatmulConfig:
 
 _LARGE = 1 << 62
 
-# bf16/fp16 on Hopper. Decode sizes (M <= 64) use 64-row tiles and narrow 64-column tiles so that
-# a projection of N = 4096 still spreads over 64 programs and each streams its slice of the weight
-# with deep pipelining (the problem is bandwidth bound there); mid sizes use 128 x 128; large M the
-# classic 128 x 256 tile. All share BLOCK_K = 64 and wgmma's k = 16 steps (see the module docstring).
+# bf16/fp16 on Hopper (132 SMs on an H200). No split-K means parallelism comes only from output
+# tiles, so smaller M gets narrower tiles to keep the SMs busy on N = 4096-wide projections:
+# decode sizes (M <= 64, bandwidth bound) stream the weight through 64 x 64 tiles with a deep
+# pipeline; 128 x 256 is the classic compute-bound tile for large M. All tiers share BLOCK_K = 64
+# and wgmma's k = 16 steps (see the module docstring). Measured choices: `python -m
+# oracle_kernels.bench --sweep` times candidate tiles per M and checks their bits.
 _HALF_MATMUL = MatmulConfig(
     tiers=(
-        (64, MatmulTiles(block_m=64, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=6)),
-        (512, MatmulTiles(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)),
+        (64, MatmulTiles(block_m=64, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=8)),
+        (256, MatmulTiles(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)),
+        (1024, MatmulTiles(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)),
         (_LARGE, MatmulTiles(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)),
     ),
     input_precision="tf32",
 )
 
+# The fallback if a GPU ever gives different bits for different tiers (tests/gpu/test_kernels_cuda.py
+# says so by name): one tier for every M, as the first batch-invariant matmuls did. Slower for
+# decode sizes; put it in `_MATMUL` for bf16 and fp16 instead of `_HALF_MATMUL`.
+_HALF_MATMUL_ONE_TIER = MatmulConfig(tiers=(_HALF_MATMUL.tiers[-1],), input_precision="tf32")
+
 # fp32 in IEEE fp32 on the CUDA cores (FMA chain in K order); one tier.
 _FP32_MATMUL = MatmulConfig(
-    tiers=((_LARGE, MatmulTiles(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)),),
+    tiers=((_LARGE, MatmulTiles(block_m=64, block_n=64, block_k=16, group_m=8, num_warps=4, num_stages=3)),),
     input_precision="ieee",
 )
 

@@ -29,7 +29,7 @@ from .language import tl, triton
 # --- kernel ---------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["M", "num_batches"])
+@triton.jit(do_not_specialize=["M", "num_batches", "stride_ab", "stride_cb"])
 def matmul_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K, num_batches,
@@ -41,7 +41,8 @@ def matmul_kernel(
 ):
     """c[b] [M, N] = a[b] [M, K] @ b[b] [K, N] for b < num_batches; a persistent grid walks the tiles.
 
-    M is not specialised (do_not_specialize), so one compiled kernel serves every batch size.
+    Neither M nor the strides that move with it (batch strides) are specialised, so one compiled
+    kernel serves every batch size.
     """
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)

@@ -20,18 +20,20 @@ SILU, SIGMOID, RSQRT = 0, 1, 2
 
 
 @triton.jit
-def unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    """out[i] = op(x[i]) for i < n, both contiguous; program p owns elements [p * BLOCK, (p + 1) * BLOCK)."""
+def unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, FP64: tl.constexpr):
+    """out[i] = op(x[i]) for i < n, both contiguous; program p owns elements [p * BLOCK, (p + 1) * BLOCK).
+
+    Computed in fp32 (fp64 when FP64) with a correctly rounded divide and sqrt: Triton's fp32 `/`
+    is the approximate div.full (2 ulp), and sqrt_rn / div_rn take fp32 only (fp64's `/` and
+    sqrt are IEEE already).
+    """
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask, other=1.0).to(ACC_DTYPE)
-    one = tl.full((BLOCK,), 1.0, ACC_DTYPE)
-    if OP == 0:
-        y = tl.math.div_rn(x, tl.exp(-x) + 1.0)
-    elif OP == 1:
-        y = tl.math.div_rn(one, tl.exp(-x) + 1.0)
-    else:
-        y = tl.math.div_rn(one, tl.sqrt_rn(x))
+    x = tl.load(x_ptr + offsets, mask=mask, other=1.0)
+    x = x.to(tl.float64) if FP64 else x.to(tl.float32)
+    num = x if OP == 0 else tl.full((BLOCK,), 1.0, x.dtype)
+    den = (tl.sqrt(x) if FP64 else tl.sqrt_rn(x)) if OP == 2 else tl.exp(-x) + 1.0
+    y = num / den if FP64 else tl.math.div_rn(num, den)
     tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -43,9 +45,9 @@ def _unary(op: int, x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(src)
     n = src.numel()
     if n:
-        acc = tl.float64 if x.dtype == torch.float64 else tl.float32
         grid = (triton.cdiv(n, POINTWISE_BLOCK),)
-        unary_kernel[grid](src, out, n, OP=op, BLOCK=POINTWISE_BLOCK, ACC_DTYPE=acc, num_warps=POINTWISE_NUM_WARPS)
+        fp64 = x.dtype == torch.float64
+        unary_kernel[grid](src, out, n, OP=op, BLOCK=POINTWISE_BLOCK, FP64=fp64, num_warps=POINTWISE_NUM_WARPS)
     return out
 
 

@@ -11,8 +11,8 @@ themselves: there is no batch to be invariant to, and those calls go to torch's 
 the `.out` overloads, which this package does not override (so they cannot recurse).
 
 On CUDA, F.rms_norm reaches `aten::_fused_rms_norm` (torch 2.8+: `rms_norm` is composite and
-calls the fused op for same-dtype weights); its composite fallback (pow, mean.dim, add, rsqrt,
-mul) is covered op by op.
+calls the fused op unless the weight's dtype differs from the input's); the composite fallback
+(pow, mean.dim, add, rsqrt, mul) reduces only in mean.dim, which is covered too.
 """
 
 from __future__ import annotations
@@ -57,10 +57,7 @@ def softmax_kernel(
     for c0 in range(0, C, BLOCK):
         cols = c0 + lanes
         x = tl.load(x_row + cols, mask=cols < C, other=0.0).to(ACC_DTYPE)
-        if LOG:
-            y = (x - row_shift) - log_total
-        else:
-            y = tl.exp(x - row_shift) / total
+        y = (x - row_shift) - log_total if LOG else tl.exp(x - row_shift) / total
         tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cols < C)
 
 
@@ -86,9 +83,12 @@ def sum_kernel(
 @triton.jit
 def rms_norm_kernel(
     x_ptr, w_ptr, out_ptr, rstd_ptr, C, stride_x, stride_out, eps,
-    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC_DTYPE: tl.constexpr, FP64: tl.constexpr,
 ):
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) (* w), rstd[r] = 1 / sqrt(...); computed in ACC_DTYPE."""
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) (* w), rstd[r] = 1 / sqrt(...); computed in ACC_DTYPE.
+
+    FP64 says ACC_DTYPE is fp64 (a flag, since comparing dtypes inside a kernel is not reliable).
+    """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
@@ -99,8 +99,10 @@ def rms_norm_kernel(
         x = tl.load(x_row + cols, mask=cols < C, other=0.0).to(ACC_DTYPE)
         squares += x * x
     mean = tl.sum(squares, axis=0) / C
-    # Correctly rounded sqrt and divide: the same formula as the CPU backend's rsqrt.
-    rstd = tl.math.div_rn(tl.full((), 1.0, ACC_DTYPE), tl.sqrt_rn(mean + eps))
+    # Correctly rounded sqrt and divide: the CPU backend's rsqrt formula. (fp64's sqrt and
+    # divide are IEEE already; sqrt_rn and div_rn take fp32 only.)
+    one = tl.full((), 1.0, ACC_DTYPE)
+    rstd = one / tl.sqrt(mean + eps) if FP64 else tl.math.div_rn(one, tl.sqrt_rn(mean + eps))
     tl.store(rstd_ptr + row, rstd.to(rstd_ptr.dtype.element_ty))
     for c0 in range(0, C, BLOCK):
         cols = c0 + lanes
@@ -258,7 +260,7 @@ def rms_norm(
         rms_norm_kernel[(num_rows,)](
             rows, w if w is not None else rows, out, rstd, length, rows.stride(0), out.stride(0), eps,
             BLOCK=block or tiles.block, HAS_WEIGHT=w is not None, ACC_DTYPE=_acc_dtype(x.dtype),
-            num_warps=tiles.num_warps,
+            FP64=x.dtype == torch.float64, num_warps=tiles.num_warps,
         )
     stat_shape = [*x.shape[:axis], *([1] * len(normalized_shape))]
     return out.view(x.shape), rstd.view(stat_shape)

@@ -103,7 +103,7 @@ def test_covered_ops() -> None:
                "aten::sum.dim_IntList", "oracle_kernels::paged_attention"):
         assert op in covered
     assert oracle_kernels.covered_ops(torch.device("cpu")) == covered
-    assert oracle_kernels.covered_ops("cuda") == []  # the Triton backend is not there yet
+    assert oracle_kernels.covered_ops("meta") == []  # no backend registers for that device
 
 
 def test_every_listed_op_exists() -> None:

@@ -1,0 +1,43 @@
+"""`python -m oracle_kernels.bench` without a GPU: the CLI loads, explains itself and stops cleanly.
+
+The measurements themselves need CUDA and run on the GPU machine (see kernels/bench.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from oracle_kernels import bench
+
+
+def test_help_needs_neither_cuda_nor_triton() -> None:
+    proc = subprocess.run([sys.executable, "-m", "oracle_kernels.bench", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--json" in proc.stdout and "--sweep" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_without_cuda_it_says_so() -> None:
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench.main(["--quick"])
+
+
+def test_markdown_table() -> None:
+    rows = [{"m": 1, "speed": 0.91234, "note": None}, {"m": 4096, "speed": float("nan")}]
+    assert bench.markdown_table(rows, ["m", "speed", "note"]).splitlines() == [
+        "| m | speed | note |",
+        "|---|---|---|",
+        "| 1 | 0.912 | None |",
+        "| 4096 | nan | None |",
+    ]
+
+
+def test_production_splits_follow_the_engine() -> None:
+    from oracle.engines.native.engine import num_kv_splits_for
+
+    assert [bench.production_splits(b) for b in (1, 2, 3, 8, 16, 256)] == [
+        num_kv_splits_for(b) for b in (1, 2, 3, 8, 16, 256)
+    ]

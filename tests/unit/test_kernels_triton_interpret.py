@@ -1,0 +1,29 @@
+"""The CUDA backend's Triton kernels under Triton's CPU interpreter, on tiny shapes, in a child pytest.
+
+TRITON_INTERPRET=1 must be set before triton decorates the kernels, and it would then hold for
+the rest of the process: every Triton kernel imported later (a GPU test's, say) would run as
+interpreted Python. So this test runs tests/unit/triton_interpreter_cases.py in a child pytest
+with the variable set, and passes when every case there passes. Skipped without triton.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("triton_interpreter_cases.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_kernels_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfEs"]
+    proc = subprocess.run(cmd, env=env, cwd=CASES.parents[2], capture_output=True, text=True, timeout=600)
+    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, report
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, report
