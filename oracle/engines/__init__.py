@@ -7,9 +7,9 @@ from pathlib import Path
 
 from oracle.config import EngineConfig
 from oracle.engines.base import Engine, Mode
-from oracle.errors import ConfigError, EngineError
+from oracle.errors import ConfigError, EngineError, OracleError
 
-BUILTIN = ("native", "transformers")
+BUILTIN = ("native", "vllm", "transformers")
 
 
 def check_engine_config(cfg: EngineConfig) -> None:
@@ -55,6 +55,18 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
                                       num_threads=cfg.num_threads, **cfg.options)
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e
+    if cfg.kind == "vllm":
+        from oracle.engines.vllm_engine import VllmEngine
+
+        try:
+            return VllmEngine(
+                model_dir, mode, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                enable_chunked_prefill=cfg.enable_chunked_prefill,
+                enable_prefix_caching=cfg.enable_prefix_caching, threads=cfg.num_threads, **cfg.options,
+            )
+        except TypeError as e:
+            raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:
         module, _, name = cfg.kind.partition(":")
         cls = getattr(_import(module, "engine.kind"), name, None)
@@ -64,6 +76,8 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
             engine = cls(model=model_dir, mode=mode, **cfg.options)
         except TypeError as e:
             raise ConfigError(f"engine.options: {cfg.kind}: {e}") from e
+        except OracleError:
+            raise
         except Exception as e:  # noqa: BLE001 - a user's engine may raise anything while starting
             raise EngineError(f"engine {cfg.kind} failed to start: {type(e).__name__}: {e}") from e
         missing = [m for m in ("generate", "describe", "close") if not callable(getattr(engine, m, None))]

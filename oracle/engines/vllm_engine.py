@@ -107,6 +107,7 @@ class VllmEngine:
         self.env = self._worker_env(mode, invariance, threads, split_kv, kv_cache_space_gib, log_level, env or {})
         self._worker: _Worker | None = None
         self._worker = _Worker.start(self.spec, self.env, start_timeout_s)
+        self._info = self._worker.info  # what the worker found at start; describe() works after close()
 
     @staticmethod
     def _worker_env(mode: Mode, invariance: str, threads: int | None, split_kv: bool | None,
@@ -132,7 +133,7 @@ class VllmEngine:
 
     def describe(self) -> dict[str, Any]:
         s = self.spec
-        info = self._live().info
+        info = self._info
         out: dict[str, Any] = {
             "engine": "vllm",
             "engine_version": info.get("engine_version"),
@@ -177,6 +178,8 @@ class VllmEngine:
         for r in requests:
             if not r.prompt_token_ids:
                 raise ConfigError(f"request {r.request_id}: empty prompt")
+        if len({r.request_id for r in requests}) != len(requests):
+            raise ConfigError("vllm engine: request ids within one generate call must be unique")
         result = self._live().call(("generate", list(requests), budget), self.timeout_s)
         return list(result)
 
@@ -258,6 +261,8 @@ class _Worker:
             kind, payload = reply
             if kind == expect:
                 return payload
+            if kind == "config_error":
+                raise ConfigError(f"{_option('engine_args')}: vLLM rejected it: {payload}")
             if kind == "error":
                 self.keep_log = True
                 raise EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")

@@ -7,7 +7,7 @@ FD is one end of a socket pair; messages are pickled tuples (`multiprocessing.co
 
     parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, budget),
                       ("reset_prefix_cache",), ("close",)
-    worker -> parent: ("ready", info) | ("ok", result) | ("error", text)
+    worker -> parent: ("ready", info) | ("ok", result) | ("error", text) | ("config_error", text)
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so this module steps it
 itself: a request joins when the step counter reaches its `arrival_step`, and the scheduler's
@@ -55,6 +55,10 @@ class WorkerSpec:
     @property
     def uses_oracle_kernels(self) -> bool:
         return self.mode == "invariant" and self.invariance == "oracle_kernels"
+
+
+class WorkerConfigError(Exception):
+    """A setting vLLM rejected that the user chose (reported as a ConfigError by the parent)."""
 
 
 @dataclass
@@ -117,7 +121,7 @@ def _aten_linear() -> Iterator[None]:
     original = layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        layer.cpu_linear = torch.nn.functional.linear
+        layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]
 
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
     try:
@@ -147,18 +151,26 @@ class WorkerEngine:
 
         self.spec = spec
         patch = _aten_linear() if spec.uses_oracle_kernels else contextlib.nullcontext()
-        args = EngineArgs(
+        kwargs: dict[str, Any] = dict(
             model=spec.model, dtype=spec.dtype, skip_tokenizer_init=True, seed=spec.seed,
             max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
             enable_chunked_prefill=spec.enable_chunked_prefill, enable_prefix_caching=spec.enable_prefix_caching,
             # -1: the full vocabulary may be asked for (logits "full" / "digest").
-            max_logprobs=-1, enforce_eager=spec.enforce_eager, max_model_len=spec.max_model_len,
+            max_logprobs=-1, enforce_eager=spec.enforce_eager,
             # Outputs must belong to the step that scheduled them, or the evidence would be off by one.
-            async_scheduling=False, disable_log_stats=True, **spec.engine_args,
+            async_scheduling=False, disable_log_stats=True,
         )
+        if spec.max_model_len is not None:
+            kwargs["max_model_len"] = spec.max_model_len
+        kwargs.update(spec.engine_args)
+        try:
+            args = EngineArgs(**kwargs)
+        except TypeError as e:  # an engine_args key EngineArgs does not have
+            raise WorkerConfigError(str(e)) from e
         with patch:
             self.engine = LLMEngine.from_engine_args(args)
-        core = self.engine.engine_core.engine_core  # the in-process EngineCore
+        client: Any = self.engine.engine_core  # an InprocClient with VLLM_ENABLE_V1_MULTIPROCESSING=0
+        core = client.engine_core
         self.scheduler = core.scheduler
         self.tap = _SchedulerTap(self.scheduler)
         self.vocab_size = int(self.engine.model_config.get_vocab_size())
@@ -168,6 +180,10 @@ class WorkerEngine:
             "linear_kernel": "aten (F.linear)" if spec.uses_oracle_kernels else "vLLM's CPU dispatch (oneDNN)",
         }
         self.info.update(_threads())
+        if spec.uses_oracle_kernels:
+            import oracle_kernels
+
+            self.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
         if spec.audit:
             self.info["ops"] = self._audit()
 
@@ -205,9 +221,7 @@ class WorkerEngine:
         return bool(self.engine.reset_prefix_cache())
 
     def generate(self, requests: Sequence[Request], budget: int | None) -> list[Completion]:
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
+        """Add each request when the step counter reaches its arrival step; step until all finish."""
         # vLLM's own knob for a scheduling budget below the batch capacity the engine was built with.
         self.scheduler.max_num_scheduled_tokens = budget or self.spec.max_num_batched_tokens
         tracks: dict[str, _Track] = {}
@@ -216,6 +230,21 @@ class WorkerEngine:
         limit = max((r.arrival_step for r in requests), default=0) + 4 * sum(
             len(r.prompt_token_ids) + r.sampling.max_tokens for r in requests) + 64
         self.tap.take()
+        try:
+            self._run(requests, order, tracks, limit, budget)
+        except BaseException:
+            # Leave the engine empty for the next call, whatever stopped this one.
+            self.engine.abort_request(list(tracks))
+            self.tap.take()
+            raise
+        done = sorted(tracks.values(), key=lambda t: t.index)
+        return [t.out for t in done]
+
+    def _run(self, requests: Sequence[Request], order: list[int], tracks: dict[str, _Track], limit: int,
+             budget: int | None) -> None:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
         step = added = 0
         while added < len(order) or self.engine.has_unfinished_requests():
             while added < len(order) and requests[order[added]].arrival_step <= step:
@@ -227,7 +256,8 @@ class WorkerEngine:
                     logprobs=k, detokenize=False, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
                     flat_logprobs=True,
                 )
-                rid = self.engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params)
+                prompt: Any = {"prompt_token_ids": list(r.prompt_token_ids)}  # a TokensPrompt
+                rid = self.engine.add_request(r.request_id, prompt, params)
                 out = Completion(r.request_id, [], [], logits=[] if s.logits == "full" else None,
                                  logits_digests=[] if s.logits == "digest" else None, top2=[])
                 tracks[rid] = _Track(order[added], out, s.logits)
@@ -242,8 +272,6 @@ class WorkerEngine:
             if step > limit:
                 raise RuntimeError(f"no completion after {limit} engine steps (budget {budget}, "
                                    f"chunked prefill {self.spec.enable_chunked_prefill})")
-        done = sorted(tracks.values(), key=lambda t: t.index)
-        return [t.out for t in done]
 
     def _record_passes(self, step: int, tracks: dict[str, _Track]) -> None:
         for one in self.tap.take():
@@ -283,7 +311,8 @@ class WorkerEngine:
                 elif t.out.logits_digests is not None:
                     t.out.logits_digests.append(hashlib.sha256(row.tobytes()).hexdigest())
             else:
-                best = np.sort(np.unique(vals))[::-1]
+                _, first = np.unique(ids, return_index=True)  # the sampled token may be listed twice
+                best = np.sort(vals[first])[::-1]
                 top2 = (float(best[0]), float(best[1] if best.size > 1 else best[0]))
             assert t.out.top2 is not None
             t.out.top2.append(top2)
@@ -296,6 +325,10 @@ def _threads() -> dict[str, Any]:
 
     keys = ("OMP_NUM_THREADS", "VLLM_CPU_ATTN_SPLIT_KV", "VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND")
     return {"torch_threads": torch.get_num_threads(), "env": {k: os.environ[k] for k in keys if k in os.environ}}
+
+
+def _reply(e: BaseException) -> tuple[str, str]:
+    return ("config_error" if isinstance(e, WorkerConfigError) else "error", _report(e))
 
 
 def _report(e: BaseException) -> str:
@@ -324,9 +357,21 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
             else:
                 raise ValueError(f"unknown message {op!r}")
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
-            conn.send(("error", _report(e)))
+            conn.send(_reply(e))
             continue
         conn.send(("ok", result))
+
+
+@contextlib.contextmanager
+def _kernels(spec: WorkerSpec) -> Iterator[None]:
+    """oracle_kernels on for the worker's whole life when its mode asks for them (before vLLM loads)."""
+    if not spec.uses_oracle_kernels:
+        yield
+        return
+    import oracle_kernels
+
+    with oracle_kernels.batch_invariant():
+        yield
 
 
 def main(argv: Sequence[str]) -> int:
@@ -335,24 +380,15 @@ def main(argv: Sequence[str]) -> int:
         op, spec = conn.recv()
         if op != "start" or not isinstance(spec, WorkerSpec):
             raise ValueError(f"expected ('start', WorkerSpec), got {op!r}")
-        kernels: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if spec.uses_oracle_kernels:
-            import oracle_kernels
-
-            kernels = oracle_kernels.batch_invariant()
-        with kernels:
+        with _kernels(spec):
             engine = WorkerEngine(spec)
-            if spec.uses_oracle_kernels:
-                import oracle_kernels
-
-                engine.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
             conn.send(("ready", engine.info))
             _serve(conn, engine)
     except EOFError:
         return 1
     except BaseException as e:  # noqa: BLE001 - whatever stopped the start is the parent's error message
         with contextlib.suppress(OSError):
-            conn.send(("error", _report(e)))
+            conn.send(_reply(e))
         return 1
     return 0
 
