@@ -9,7 +9,7 @@ from oracle.config import EngineConfig
 from oracle.engines.base import Engine, Mode
 from oracle.errors import ConfigError, EngineError, OracleError
 
-BUILTIN = ("native", "vllm", "transformers")
+BUILTIN = ("native", "vllm", "openai", "transformers")
 
 
 def check_engine_config(cfg: EngineConfig) -> None:
@@ -65,6 +65,13 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
                 enable_chunked_prefill=cfg.enable_chunked_prefill,
                 enable_prefix_caching=cfg.enable_prefix_caching, threads=cfg.num_threads, **cfg.options,
             )
+        except TypeError as e:
+            raise ConfigError(f"engine.options: {e}") from e
+    if cfg.kind == "openai":
+        from oracle.engines.openai_engine import OpenAIEngine
+
+        try:
+            return OpenAIEngine(model_dir, mode, **cfg.options)
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:

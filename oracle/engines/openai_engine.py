@@ -1,0 +1,402 @@
+"""The `openai` engine adapter: any server with an OpenAI-style `/v1/completions` endpoint (vLLM, ...).
+
+Requests go out from one asyncio loop, at most `concurrency` in flight, each after its arrival
+delay, so the server batches them as it would batch real traffic. Prompts are token ids and the
+server is asked for token ids back (`return_tokens_as_token_ids`), so no tokenizer is involved.
+
+What is compared: token ids; the float32 log-probability of each sampled token; `top2` holds the
+top-1 and top-2 logprobs of each step (their difference is the logit margin); and
+`logits_digests[i]` is a sha256 of step i's top-k as sorted (token id, float32 bits) pairs, so the
+top-k is compared bitwise. A server returns no full logits rows, so `sampling.logits: full` gets
+digests too.
+
+Evidence is client-side: a server does not say which requests shared a forward pass, so each
+token's `StepEvidence.num_seqs` is the most requests that were in flight at once during that
+request's lifetime (itself included), and `num_tokens` is 0 (unknown).
+
+Config (`engine.kind: oracle.engines.openai_engine:OpenAIEngine`, keyword arguments in `engine.options`):
+
+    base_url: a running server; or command: argv to start one on 127.0.0.1 ({python}, {model},
+        {host}, {port} are substituted), with env and mode_env[mode] added to the environment
+    served_model_name, concurrency, arrival_step_s, logprobs, request_timeout_s, startup_timeout_s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from oracle.engines.base import MODES, Completion, Mode, Request, StepEvidence
+from oracle.errors import ConfigError, EngineError
+
+HOST = "127.0.0.1"
+EVIDENCE = ("client-side concurrency: num_seqs is the most requests in flight at once during the "
+            "request's lifetime; the server's own batches are not visible")
+_LOG_TAIL_LINES = 15
+_BODY_EXCERPT = 200
+_STOP_GRACE_S = 5.0
+
+
+def _option(name: str) -> str:
+    return f"engine.options.{name}"
+
+
+def _import_httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as e:
+        raise ConfigError("engine.kind: the openai engine needs httpx; install the `vllm` extra "
+                          "(pip install 'oracle[vllm]') or `pip install httpx`") from e
+    return httpx
+
+
+def _one_line(text: str, limit: int = _BODY_EXCERPT) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+def _f32(x: float) -> float:
+    """The float32 value of a JSON number (servers print float32 logprobs as decimal)."""
+    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+def _token_id(token: str) -> int:
+    prefix, _, num = token.partition(":")
+    if prefix != "token_id" or not num.lstrip("-").isdigit():
+        raise ValueError(f"token {token!r} is not 'token_id:N' (does the server honour return_tokens_as_token_ids?)")
+    return int(num)
+
+
+def topk_digest(top: dict[int, float]) -> str:
+    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id."""
+    h = hashlib.sha256()
+    for tid in sorted(top):
+        h.update(struct.pack("<iI", tid, struct.unpack("<I", struct.pack("<f", top[tid]))[0]))
+    return h.hexdigest()
+
+
+def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Completion:
+    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed."""
+    lp = choice["logprobs"]
+    if not isinstance(lp, dict):
+        raise ValueError("no logprobs in the answer")
+    token_ids = [_token_id(t) for t in lp["tokens"]]
+    logprobs = [_f32(float(x)) if x is not None else float("nan") for x in lp["token_logprobs"]]
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
+    digests: list[str] = []
+    top2: list[tuple[float, float]] = []
+    for step in lp.get("top_logprobs") or []:
+        top = {_token_id(t): _f32(float(v)) for t, v in (step or {}).items()}
+        values = sorted(top.values(), reverse=True)
+        digests.append(topk_digest(top))
+        top2.append((values[0] if values else float("nan"), values[1] if len(values) > 1 else float("nan")))
+    evidence = [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i)
+                for i in range(len(token_ids))]
+    want = request.sampling.logits != "none"
+    return Completion(request_id=request.request_id, token_ids=token_ids, logprobs=logprobs,
+                      logits_digests=digests if want and digests else None,
+                      top2=top2 if top2 else None, evidence=evidence)
+
+
+class OpenAIEngine:
+    """Implements `oracle.engines.base.Engine` over an OpenAI-compatible HTTP server."""
+
+    def __init__(
+        self,
+        model: Path | str,
+        mode: Mode,
+        *,
+        base_url: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        mode_env: dict[str, dict[str, str]] | None = None,
+        served_model_name: str | None = None,
+        concurrency: int = 32,
+        arrival_step_s: float = 0.02,
+        logprobs: int = 5,
+        request_timeout_s: float = 120,
+        startup_timeout_s: float = 300,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"openai engine: mode {mode!r} is not one of {', '.join(MODES)}")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"{_option('concurrency')}: must be a positive integer, got {concurrency!r}")
+        if not isinstance(logprobs, int) or logprobs < 2:
+            raise ConfigError(f"{_option('logprobs')}: must be an integer >= 2 (the top-2 margin needs two)")
+        for name, value in (("arrival_step_s", arrival_step_s), ("request_timeout_s", request_timeout_s),
+                            ("startup_timeout_s", startup_timeout_s)):
+            if not isinstance(value, (int, float)) or value < 0 or (name != "arrival_step_s" and value == 0):
+                raise ConfigError(f"{_option(name)}: must be a positive number, got {value!r}")
+        if base_url is not None and command is not None:
+            raise ConfigError(f"{_option('base_url')}: give base_url or command, not both")
+        if base_url is None and not command:
+            raise ConfigError(f"{_option('base_url')}: give base_url (a running server) or command (to start one)")
+        if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
+            raise ConfigError(f"{_option('command')}: must be a list of strings")
+        mode_env = mode_env or {}
+        unknown = [m for m in mode_env if m not in MODES]
+        if unknown:
+            raise ConfigError(f"{_option('mode_env')}: {unknown[0]!r} is not one of {', '.join(MODES)}")
+        self._httpx = _import_httpx()
+        self.mode: Mode = mode
+        self.model = Path(model)
+        self.concurrency = concurrency
+        self.arrival_step_s = float(arrival_step_s)
+        self.logprobs = logprobs
+        self.request_timeout_s = float(request_timeout_s)
+        self.mode_env = {str(k): str(v) for k, v in mode_env.get(mode, {}).items()}
+        self._server: _Server | None = None
+        self.command: list[str] | None = None
+        if base_url is None:
+            port = _free_port()
+            subs = {"{python}": sys.executable, "{model}": str(self.model), "{host}": HOST, "{port}": str(port)}
+            self.command = [_substitute(c, subs) for c in command or []]
+            server_env = dict(os.environ)
+            server_env.update({str(k): str(v) for k, v in (env or {}).items()})
+            server_env.update(self.mode_env)
+            base_url = f"http://{HOST}:{port}"
+            self._server = _Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
+        self.base_url = base_url.rstrip("/")
+        try:
+            self._info = self._probe(served_model_name)
+        except BaseException:
+            self.close()
+            raise
+
+    def _probe(self, served_model_name: str | None) -> dict[str, Any]:
+        """Ask the server what it serves and its version; a server that does not answer is an EngineError."""
+        models = self._get_json("/v1/models")
+        ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else []
+        if served_model_name is None:
+            if not ids:
+                raise EngineError(f"{self.base_url}/v1/models lists no model; set {_option('served_model_name')}")
+            served_model_name = str(ids[0])
+        elif ids and served_model_name not in ids:
+            raise ConfigError(f"{_option('served_model_name')}: {served_model_name!r} is not served by "
+                              f"{self.base_url} (it serves {', '.join(map(str, ids))})")
+        version = None
+        with contextlib.suppress(EngineError):
+            answer = self._get_json("/version")
+            version = answer.get("version") if isinstance(answer, dict) else None
+        return {"served_model": served_model_name, "server_version": version, "models": ids}
+
+    def _get_json(self, path: str) -> Any:
+        url = self.base_url + path
+        try:
+            r = self._httpx.get(url, timeout=min(self.request_timeout_s, 30.0))
+        except self._httpx.HTTPError as e:
+            raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}") from e
+        if r.status_code != 200:
+            raise EngineError(f"{url} answered HTTP {r.status_code}: {_one_line(r.text)}")
+        try:
+            return r.json()
+        except ValueError as e:
+            raise EngineError(f"{url} answered no JSON: {_one_line(r.text)}") from e
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": "openai",
+            "base_url": self.base_url,
+            "served_model": self._info["served_model"],
+            "server_version": self._info["server_version"],
+            "command": self.command,
+            "invariance_mechanism": "whatever the server was started with"
+            + (f"; mode env {self.mode_env}" if self.mode_env else ""),
+            "evidence": EVIDENCE,
+            "logits": f"sha256 of the top-{self.logprobs} logprobs as sorted (token id, float32 bits) pairs",
+            "concurrency": self.concurrency,
+            "arrival_step_s": self.arrival_step_s,
+        }
+
+    def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        """Send every request (after its arrival delay) and wait for all; one Completion per request, in order."""
+        if max_num_batched_tokens is not None:
+            raise ConfigError("schedule.max_num_batched_tokens: the openai engine cannot change a server's "
+                              "token budget per trial (it is fixed when the server starts); leave it unset")
+        if self._server is not None:
+            self._server.check_alive()
+        for r in requests:
+            if not r.prompt_token_ids:
+                raise ConfigError(f"request {r.request_id}: empty prompt")
+        if not requests:
+            return []
+        return asyncio.run(self._generate(list(requests)))
+
+    async def _generate(self, requests: list[Request]) -> list[Completion]:
+        httpx = self._httpx
+        sem = asyncio.Semaphore(self.concurrency)
+        url = self.base_url + "/v1/completions"
+        in_flight: dict[int, int] = {}  # index of a request now in flight -> the most in flight seen with it
+        timeout = httpx.Timeout(self.request_timeout_s, connect=min(self.request_timeout_s, 10.0))
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+
+        async def one(client: Any, i: int, r: Request) -> Completion:
+            delay = r.arrival_delay_s or r.arrival_step * self.arrival_step_s
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                in_flight[i] = 0
+                now = len(in_flight)
+                for k in in_flight:
+                    in_flight[k] = max(in_flight[k], now)
+                try:
+                    answer = await self._post(client, url, self._body(r))
+                finally:
+                    num_seqs = in_flight.pop(i)
+            try:
+                return parse_choice(r, answer["choices"][0], num_seqs)
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise EngineError(f"{url}: unexpected answer for request {r.request_id}: "
+                                  f"{type(e).__name__}: {_one_line(str(e))}") from e
+
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            tasks = [asyncio.ensure_future(one(client, i, r)) for i, r in enumerate(requests)]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+
+    def _body(self, r: Request) -> dict[str, Any]:
+        s = r.sampling
+        return {
+            "model": self._info["served_model"], "prompt": list(r.prompt_token_ids), "max_tokens": s.max_tokens,
+            "temperature": s.temperature, "seed": s.seed, "logprobs": self.logprobs,
+            "return_tokens_as_token_ids": True, "ignore_eos": True,
+        }
+
+    async def _post(self, client: Any, url: str, body: dict[str, Any]) -> Any:
+        httpx = self._httpx
+        try:
+            r = await client.post(url, json=body)
+        except httpx.TimeoutException as e:
+            raise EngineError(f"{url}: no answer within {self.request_timeout_s:g} s "
+                              f"({_option('request_timeout_s')}): {type(e).__name__}") from e
+        except httpx.HTTPError as e:
+            raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}") from e
+        if r.status_code != 200:
+            raise EngineError(f"{url} answered HTTP {r.status_code}: {_one_line(r.text)}")
+        try:
+            return r.json()
+        except ValueError as e:
+            raise EngineError(f"{url} answered no JSON: {_one_line(r.text)}") from e
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    @property
+    def server_pid(self) -> int | None:
+        """The PID of the server this engine started (None when it uses a running one, or after close())."""
+        return self._server.proc.pid if self._server is not None else None
+
+
+def _substitute(item: str, subs: dict[str, str]) -> str:
+    for key, value in subs.items():
+        item = item.replace(key, value)
+    return item
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    """A server process this engine started, in a session of its own; every wait has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.proc, self.log_path = proc, log_path
+        # Kill the server if the engine is dropped without close(), or at interpreter exit.
+        self._finalizer = weakref.finalize(self, _kill, proc)
+
+    @classmethod
+    def start(cls, argv: list[str], env: dict[str, str], base_url: str, timeout_s: float, httpx: Any) -> _Server:
+        fd, log_name = tempfile.mkstemp(prefix="oracle-server-", suffix=".log")
+        try:
+            with os.fdopen(fd, "wb") as log:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise EngineError(f"{_option('command')}: cannot start {argv[0]!r}: {e}") from e
+        server = cls(proc, Path(log_name))
+        try:
+            server._wait_ready(base_url, timeout_s, httpx)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_ready(self, base_url: str, timeout_s: float, httpx: Any) -> None:
+        deadline = time.monotonic() + timeout_s
+        paths = ["/health", "/v1/models"]
+        while True:
+            if self.proc.poll() is not None:
+                raise EngineError(f"server exited with code {self.proc.returncode} while starting"
+                                  f"{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise EngineError(f"server at {base_url} not ready within {timeout_s:g} s "
+                                  f"({_option('startup_timeout_s')}){self._log_tail()}")
+            for path in list(paths):
+                try:
+                    r = httpx.get(base_url + path, timeout=2.0)
+                except httpx.HTTPError:
+                    break  # not listening yet
+                if r.status_code == 200:
+                    return
+                if r.status_code == 404 and len(paths) > 1:
+                    paths.remove(path)  # no /health: fall back to /v1/models
+            time.sleep(0.25)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise EngineError(f"server exited with code {self.proc.returncode}{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        tail = "\n".join(lines[-_LOG_TAIL_LINES:])
+        return f"\n--- server log {self.log_path} (last {_LOG_TAIL_LINES} lines) ---\n{tail}" if tail else ""
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL it if it has not exited after a few seconds."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=_STOP_GRACE_S)
+        self._finalizer()  # SIGKILLs the group (children too) and reaps
+        if self.proc.returncode in (0, -signal.SIGTERM):
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    # The server leads its own session (start_new_session), so its group id is its PID.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    _signal_group(proc, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)

@@ -1,0 +1,313 @@
+"""The openai engine against a stub OpenAI server (stdlib http.server on 127.0.0.1), no vllm.
+
+The stub answers /health, /v1/models, /version and /v1/completions deterministically from the
+prompt, records the most requests it held at once and when each arrived. The same source runs
+in a thread for most tests and, written to a file, as the server the engine starts itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oracle.engines.base import Request, SamplingParams
+from oracle.engines.openai_engine import OpenAIEngine, topk_digest  # imports httpx only when built
+from oracle.errors import ConfigError, EngineError
+
+STUB = r'''
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def completion(body):
+    """Token i of a prompt is (sum(prompt) + i) % 1000 with logprob -0.125 * (i + 1)."""
+    base = sum(body["prompt"]) % 1000
+    k = body.get("logprobs") or 0
+    tokens, lps, tops = [], [], []
+    for i in range(body["max_tokens"]):
+        t = (base + i) % 1000
+        lp = -0.125 * (i + 1)
+        tokens.append(f"token_id:{t}")
+        lps.append(lp)
+        # listed worst first, so the engine must sort
+        tops.append({f"token_id:{(t + j) % 1000}": lp - j for j in reversed(range(k))})
+    logprobs = {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": [0] * len(tokens)}
+    return {"object": "text_completion", "model": body["model"],
+            "choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": logprobs}]}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
+        elif self.path == "/version":
+            self._send(200, {"version": "stub-1"})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        s = self.server
+        with s.lock:
+            s.in_flight += 1
+            s.max_in_flight = max(s.max_in_flight, s.in_flight)
+            s.arrivals[body["prompt"][0]] = time.monotonic()
+            s.bodies.append(body)
+        try:
+            time.sleep(s.delay_s)
+            if s.status != 200:
+                self._send(s.status, {"error": "stub says no"})
+            else:
+                self._send(200, completion(body))
+        finally:
+            with s.lock:
+                s.in_flight -= 1
+
+
+class Stub(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port=0):
+        super().__init__(("127.0.0.1", port), Handler)
+        self.lock = threading.Lock()
+        self.in_flight = self.max_in_flight = 0
+        self.arrivals, self.bodies = {}, []
+        self.delay_s, self.status = 0.2, 200
+
+    def handle_error(self, request, client_address):
+        pass  # a client that timed out and left: nothing to report
+
+
+if __name__ == "__main__":
+    Stub(int(sys.argv[1])).serve_forever()
+'''
+
+
+GREEDY = SamplingParams(max_tokens=4, logits="digest")
+
+
+def _stub_module() -> types.ModuleType:
+    mod = types.ModuleType("stub_server")
+    exec(compile(STUB, "stub_server", "exec"), mod.__dict__)
+    return mod
+
+
+@pytest.fixture
+def needs_httpx() -> None:
+    pytest.importorskip("httpx")  # the `vllm` extra
+
+
+@pytest.fixture
+def stub(needs_httpx: None) -> Iterator[Any]:
+    server = _stub_module().Stub()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _url(server: Any) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _reqs(n: int, **kw: Any) -> list[Request]:
+    return [Request(f"r{i}", (i + 1, 10, 20), GREEDY, **kw) for i in range(n)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_parses_token_ids_logprobs_top2_and_digests(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), logprobs=3)
+    [c] = engine.generate([Request("a", (7, 8, 9), GREEDY)])
+    assert c.token_ids == [24, 25, 26, 27]
+    assert c.logprobs == [-0.125, -0.25, -0.375, -0.5]
+    assert c.top2 == [(-0.125, -1.125), (-0.25, -1.25), (-0.375, -1.375), (-0.5, -1.5)]
+    assert c.logits_digests is not None and c.logits_digests[0] == topk_digest({24: -0.125, 25: -1.125, 26: -2.125})
+    assert len(set(c.logits_digests)) == 4
+    assert [(e.engine_step, e.token_index, e.is_prefill, e.num_seqs) for e in c.evidence] == [
+        (0, 0, True, 1), (1, 1, False, 1), (2, 2, False, 1), (3, 3, False, 1)]
+    body = stub.bodies[0]
+    assert body == {"model": "stub-model", "prompt": [7, 8, 9], "max_tokens": 4, "temperature": 0.0, "seed": 0,
+                    "logprobs": 3, "return_tokens_as_token_ids": True, "ignore_eos": True}
+    info = engine.describe()
+    assert (info["engine"], info["served_model"], info["server_version"]) == ("openai", "stub-model", "stub-1")
+    assert "client-side" in info["evidence"]
+
+
+def test_digest_differs_when_one_topk_value_moves_one_float32_ulp() -> None:
+    import struct
+
+    nudged = struct.unpack("<f", struct.pack("<I", struct.unpack("<I", struct.pack("<f", -1.5))[0] + 1))[0]
+    assert topk_digest({1: -0.5, 2: -1.5}) != topk_digest({1: -0.5, 2: nudged})
+    assert topk_digest({1: -0.5, 2: -1.5}) == topk_digest({2: -1.5, 1: -0.5})
+
+
+def test_logits_none_gives_no_digests(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    [c] = engine.generate([Request("a", (1,), SamplingParams(max_tokens=2, logits="none"))])
+    assert c.logits_digests is None and len(c.token_ids) == 2
+
+
+@pytest.mark.parametrize(("concurrency", "expect_max"), [(6, 6), (1, 1)])
+def test_concurrency_is_real_and_is_the_evidence(stub: Any, tmp_path: Path, concurrency: int,
+                                                  expect_max: int) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=concurrency)
+    out = engine.generate(_reqs(6))
+    assert [c.request_id for c in out] == [f"r{i}" for i in range(6)]
+    assert [c.token_ids[0] for c in out] == [(i + 1 + 30) % 1000 for i in range(6)]
+    if expect_max == 1:
+        assert stub.max_in_flight == 1
+        assert all(c.max_batch == 1 for c in out)
+    else:
+        assert stub.max_in_flight >= 2
+        assert all(c.max_batch >= 2 for c in out)
+        assert max(c.max_batch for c in out) <= 6
+
+
+def test_arrival_delays_hold_requests_back(stub: Any, tmp_path: Path) -> None:
+    stub.delay_s = 0.05
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), arrival_step_s=0.3)
+    reqs = [Request("now", (1,), GREEDY), Request("step", (2,), GREEDY, arrival_step=1),
+            Request("delay", (3,), GREEDY, arrival_delay_s=0.6, arrival_step=5)]
+    engine.generate(reqs)
+    t = stub.arrivals
+    assert t[2] - t[1] >= 0.25  # one step of 0.3 s
+    assert 0.5 <= t[3] - t[1] < 1.4  # the explicit delay wins over 5 steps (1.5 s)
+
+
+def test_server_down_is_an_engine_error_quickly(tmp_path: Path, needs_httpx: None) -> None:
+    port = _free_port()
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=f"127.0.0.1:{port}/v1/models"):
+        OpenAIEngine(tmp_path, "production", base_url=f"http://127.0.0.1:{port}")
+    assert time.monotonic() - start < 10
+
+
+def test_server_down_during_generate_is_an_engine_error(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    stub.shutdown()
+    stub.server_close()
+    with pytest.raises(EngineError, match="/v1/completions"):
+        engine.generate(_reqs(2))
+
+
+def test_http_500_is_an_engine_error_naming_the_status(stub: Any, tmp_path: Path) -> None:
+    stub.status = 500
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    with pytest.raises(EngineError, match=r"/v1/completions answered HTTP 500: .*stub says no") as e:
+        engine.generate(_reqs(3))
+    assert "\n" not in str(e.value)
+
+
+def test_a_request_past_its_timeout_is_an_engine_error(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), request_timeout_s=0.3)
+    stub.delay_s = 3.0
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="no answer within 0.3 s"):
+        engine.generate(_reqs(1))
+    assert time.monotonic() - start < 2.5
+
+
+def test_a_per_call_token_budget_is_a_config_error(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        engine.generate(_reqs(1), max_num_batched_tokens=64)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({}, "base_url"),
+    ({"base_url": "http://127.0.0.1:1", "command": ["x"]}, "base_url"),
+    ({"command": "vllm serve"}, "command"),
+    ({"base_url": "http://127.0.0.1:1", "logprobs": 1}, "logprobs"),
+    ({"base_url": "http://127.0.0.1:1", "concurrency": 0}, "concurrency"),
+    ({"base_url": "http://127.0.0.1:1", "mode_env": {"fast": {}}}, "mode_env"),
+])
+def test_bad_options_are_config_errors_naming_the_field(tmp_path: Path, kwargs: dict[str, Any],
+                                                        field: str) -> None:
+    with pytest.raises(ConfigError, match=f"engine.options.{field}"):
+        OpenAIEngine(tmp_path, "production", **kwargs)
+
+
+def test_missing_httpx_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(ConfigError, match="vllm"):
+        OpenAIEngine(tmp_path, "production", base_url="http://127.0.0.1:1")
+
+
+def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_httpx: None) -> None:
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    marker = tmp_path / "mode_env_seen"
+    command = ["{python}", "-c",
+               "import os, runpy, sys; open(os.environ['MARKER'], 'w').write(os.environ['ORACLE_STUB_MODE']); "
+               "sys.argv = [sys.argv[1], sys.argv[2]]; runpy.run_path(sys.argv[0], run_name='__main__')",
+               str(script), "{port}"]
+    engine = OpenAIEngine(tmp_path / "model", "invariant", command=command, env={"MARKER": str(marker)},
+                          mode_env={"invariant": {"ORACLE_STUB_MODE": "inv"}}, startup_timeout_s=30)
+    try:
+        pid = engine.server_pid
+        assert pid is not None and _alive(pid)
+        assert engine.base_url.startswith("http://127.0.0.1:")
+        assert marker.read_text() == "inv"
+        [c] = engine.generate([Request("a", (7, 8, 9), GREEDY)])
+        assert c.token_ids == [24, 25, 26, 27]
+        assert "ORACLE_STUB_MODE" in engine.describe()["invariance_mechanism"]
+    finally:
+        engine.close()
+    assert engine.server_pid is None
+    assert not _alive(pid)
+
+
+def test_a_server_that_dies_while_starting_is_an_engine_error_with_its_log(tmp_path: Path, needs_httpx: None) -> None:
+    command = ["{python}", "-c", "import sys; print('no model at {model}', flush=True); sys.exit(3)"]
+    with pytest.raises(EngineError, match=r"(?s)exited with code 3.*no model at .*mdl"):
+        OpenAIEngine(tmp_path / "mdl", "production", command=command, startup_timeout_s=30)
+
+
+def test_a_server_that_never_answers_is_killed_after_the_startup_timeout(tmp_path: Path, needs_httpx: None) -> None:
+    pid_file = tmp_path / "pid"
+    command = ["{python}", "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "time.sleep(60)"]
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="not ready within 1 s"):
+        OpenAIEngine(tmp_path, "production", command=command, startup_timeout_s=1)
+    assert time.monotonic() - start < 10
+    assert not _alive(int(pid_file.read_text()))
