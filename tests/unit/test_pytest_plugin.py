@@ -238,7 +238,7 @@ def test_failure_message_shows_the_first_divergence_and_a_replay_that_works(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E * AssertionError: oracle: invariance fail (seed *, exit 1)",
-        "E *   invariance [[]required]: fail: * trials diverged from the solo reference",
+        "E *   invariance [[]required]: fail: * trials diverged from the solo reference*",
         "E * first divergence: check invariance (invariant mode), target prompt-*, trial *, request *",
         "E *   step 2 (logprob): expected token *, actual token *",
         "E *   logprob * -> *, ULP distance *",
