@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .triton.config import MatmulTiles, attention_tiles, matmul_config  # plain data: no triton import
+
 # (K, N) of the Qwen3-8B projections: qkv, o, gate+up, down, lm head.
 QWEN3_8B_PROJECTIONS: tuple[tuple[int, int], ...] = (
     (4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096), (4096, 151936),
@@ -80,7 +82,6 @@ def bench_matmul(
 ) -> list[dict[str, Any]]:
     """Invariant mm vs cuBLAS for x [M, K] @ w.t(), w [N, K]; one row per (K, N, M)."""
     from .triton import matmul
-    from .triton.config import matmul_config
 
     device = _require_cuda()
     g = torch.Generator(device=device).manual_seed(0)
@@ -115,10 +116,8 @@ def _matmul_line(r: dict[str, Any]) -> str:
             f"invariant {r['invariant_graph_ms'] * 1e3:.1f} us ({r['speed_vs_cublas']:.2f}x)")
 
 
-def default_sweep_candidates() -> list[Any]:
+def default_sweep_candidates() -> list[MatmulTiles]:
     """Tile candidates for bf16/fp16: BLOCK_K = 64 (the configured K blocking), wgmma-eligible shapes."""
-    from .triton.config import MatmulTiles
-
     shapes = (
         (64, 32, 4, 8), (64, 32, 4, 12), (64, 64, 4, 4), (64, 64, 4, 8), (64, 128, 4, 4), (64, 256, 4, 3),
         (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3),
@@ -144,11 +143,10 @@ def bench_matmul_tiles(
     shapes: Sequence[tuple[int, int]] = QWEN3_8B_PROJECTIONS,
     ms: Sequence[int] = BATCH_SIZES,
     dtype: torch.dtype = torch.bfloat16,
-    candidates: Sequence[Any] | None = None,
+    candidates: Sequence[MatmulTiles] | None = None,
 ) -> list[dict[str, Any]]:
     """Every candidate tile config on every (K, N, M): graph time and bitwise equality with the configured tier."""
     from .triton import matmul
-    from .triton.config import matmul_config
 
     device = _require_cuda()
     g = torch.Generator(device=device).manual_seed(0)
@@ -216,7 +214,6 @@ def bench_attention(
     """Invariant decode attention vs a batch-sized split-KV (and optionally the torch production path)."""
     from .attention import production_attention
     from .triton import attention
-    from .triton.config import attention_tiles
 
     device = _require_cuda()
     tiles = attention_tiles(dtype)
@@ -259,6 +256,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return "nan" if math.isnan(v) else f"{v:.3g}"
+        if isinstance(v, dict) and "block_m" in v:  # MatmulTiles: BMxBNxBK, warps, stages
+            return f"{v['block_m']}x{v['block_n']}x{v['block_k']} w{v['num_warps']} s{v['num_stages']}"
         return str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

@@ -41,3 +41,15 @@ def test_production_splits_follow_the_engine() -> None:
     assert [bench.production_splits(b) for b in (1, 2, 3, 8, 16, 256)] == [
         num_kv_splits_for(b) for b in (1, 2, 3, 8, 16, 256)
     ]
+
+
+def test_sweep_summary_keeps_only_candidates_with_the_configured_bits() -> None:
+    def row(m: int, bn: int, speed: float, same: bool = True) -> dict[str, object]:
+        return {"m": m, "tiles": {"block_n": bn}, "graph_ms": 1.0, "speed_vs_cublas": speed,
+                "bitwise_equal_to_configured": same}
+
+    sweep = [row(1, 64, 0.5), row(1, 64, 2.0), row(1, 32, 0.9), row(1, 32, 1.0), row(1, 16, 9.0, same=False),
+             row(8, 64, 0.7)]
+    best = bench.best_tiles_by_m(sweep)
+    assert [(b["m"], b["tiles"]) for b in best] == [(1, {"block_n": 64}), (8, {"block_n": 64})]
+    assert best[0]["geomean_speed_vs_cublas"] == pytest.approx(1.0) and best[0]["min_speed_vs_cublas"] == 0.5
