@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oracle.errors import ConfigError, EngineError
+from oracle.errors import ConfigError
 
 
 def _write(path: Path | None, data: Any) -> None:
@@ -23,18 +23,15 @@ def _write(path: Path | None, data: Any) -> None:
 
 
 def bench_kernels(dtype: str, json_path: Path | None, quick: bool = False) -> int:
+    """`oracle bench kernels`: `python -m oracle_kernels.bench` (Triton vs cuBLAS and split-KV attention)."""
     import torch
 
     if not torch.cuda.is_available():
         raise ConfigError("bench kernels: no CUDA device; the kernel benchmark compares Triton against cuBLAS")
-    try:
-        from oracle_kernels import bench
-    except ImportError as e:
-        raise EngineError(f"bench kernels: the Triton backend is unavailable ({e})") from e
-    results = bench.run_all(dtype=getattr(torch, dtype), quick=quick)
-    print(bench.markdown(results))
-    _write(json_path, results)
-    return 0
+    from oracle_kernels import bench
+
+    argv = ["--dtype", dtype] + (["--json", str(json_path)] if json_path else []) + (["--quick"] if quick else [])
+    return bench.main(argv)
 
 
 def bench_config(config_path: str, json_path: Path | None) -> int:

@@ -28,3 +28,4 @@ def test_config_schema_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["additionalProperties"] is False and "model" in schema["required"]
+
