@@ -107,3 +107,34 @@ def test_failure_in_database_is_replayed_first(fake_model: Path, tmp_path: Path)
     second = run(parse_config(cfg))
     search = second.check("invariance").evidence["search"]  # type: ignore[union-attr]
     assert search["runs"] == 1 and search["replayed_from_database"]
+
+
+def test_fidelity_fails_when_invariant_kernels_are_wrong(fake_model: Path, tmp_path: Path) -> None:
+    # Invariant solo flips tokens at a margin of 0.5, far above the near-tie tolerance.
+    report = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=1, flip_token=True)))
+    fidelity = report.check("fidelity")
+    assert fidelity is not None and fidelity.verdict == "fail" and "margin 0.5" in fidelity.message
+    # A few ULPs of logprob, no token flip: within tolerance.
+    report = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=1)))
+    assert report.check("fidelity").verdict == "pass"  # type: ignore[union-attr]
+
+
+def test_negative_control_is_vacuous_without_production_divergence(fake_model: Path, tmp_path: Path) -> None:
+    clean = run(parse_config(_config(fake_model, tmp_path)))
+    assert clean.check("negative_control").verdict == "vacuous"  # type: ignore[union-attr]
+    noisy = run(parse_config(_config(fake_model, tmp_path, diverge_from_batch=2, diverge_mode="production")))
+    assert noisy.check("negative_control").verdict == "pass"  # type: ignore[union-attr]
+
+
+def test_drift_gate_fails_past_its_threshold(fake_model: Path, tmp_path: Path) -> None:
+    cfg = _config(fake_model, tmp_path, diverge_from_batch=2, diverge_mode="production")
+    cfg["checks"] = {"drift": {"requirement": "required", "max_divergent_fraction": 0.0}}
+    report = run(parse_config(cfg))
+    drift = report.check("drift")
+    assert drift is not None and drift.verdict == "fail" and "divergent fraction" in drift.message
+    assert report.exit_code() == 1
+
+
+def test_prefix_cache_is_vacuous_for_an_engine_without_one(fake_model: Path, tmp_path: Path) -> None:
+    report = run(parse_config(_config(fake_model, tmp_path)))
+    assert report.check("prefix_cache").verdict == "vacuous"  # type: ignore[union-attr]
