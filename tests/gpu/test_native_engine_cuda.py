@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from native_batches import SAMPLING, batch_around_target, solo
 
 from oracle.compare import first_divergence
-from oracle.engines.base import Completion, Request, SamplingParams
+from oracle.engines.base import Completion, Request
 from oracle.engines.native import NativeEngine
 
 pytestmark = [
@@ -25,8 +26,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-SAMPLING = SamplingParams(max_tokens=8, logits="full")
-TARGET = tuple(random.Random(1).randrange(512) for _ in range(41))
 DTYPES = ["bfloat16", "float32"]
 
 
@@ -38,20 +37,7 @@ def engines(request: pytest.FixtureRequest, tiny_qwen3: Path) -> dict[str, Nativ
     return {"invariant": inv, "production": prod}
 
 
-def _prompt(rng: random.Random, lo: int = 4, hi: int = 60) -> tuple[int, ...]:
-    return tuple(rng.randrange(512) for _ in range(rng.randint(lo, hi)))
 
-
-def _batch(size: int, position: int, seed: int) -> list[Request]:
-    rng = random.Random(seed)
-    reqs = [Request(f"f{i}", _prompt(rng), SamplingParams(max_tokens=rng.randint(1, 10), logits="none"))
-            for i in range(size - 1)]
-    reqs.insert(position, Request("target", TARGET, SAMPLING))
-    return reqs
-
-
-def _solo(engine: NativeEngine) -> Completion:
-    return engine.generate([Request("target", TARGET, SAMPLING)])[0]
 
 
 def _same_logits(a: Completion, b: Completion) -> bool:
@@ -62,25 +48,25 @@ def _same_logits(a: Completion, b: Completion) -> bool:
 
 def test_engine_runs_on_cuda(engines: dict[str, NativeEngine]) -> None:
     assert engines["invariant"].decoder.device.type == "cuda"
-    out = _solo(engines["invariant"])
+    out = solo(engines["invariant"])
     assert len(out.token_ids) == SAMPLING.max_tokens and all(np.isfinite(x).all() for x in out.logits or [])
 
 
 def test_invariant_mode_is_bitwise_equal_to_solo_for_batch_1_to_33(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["invariant"])
+    ref = solo(engines["invariant"])
     for size in range(1, 34):
         for position in sorted({0, size // 2, size - 1}):
-            out = engines["invariant"].generate(_batch(size, position, seed=size))[position]
+            out = engines["invariant"].generate(batch_around_target(size, position, seed=size))[position]
             assert first_divergence(ref, out) is None, (size, position)
             assert out.max_batch == size
             assert _same_logits(ref, out), (size, position)
 
 
 def test_invariant_under_chunked_prefill_and_staggered_arrival(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["invariant"])
+    ref = solo(engines["invariant"])
     rng = random.Random(5)
     for budget in (7, 16, 33, 100):
-        reqs = _batch(9, 4, seed=budget)
+        reqs = batch_around_target(9, 4, seed=budget)
         reqs = [Request(r.request_id, r.prompt_token_ids, r.sampling, arrival_step=rng.randint(0, 4)) for r in reqs]
         out = engines["invariant"].generate(reqs, max_num_batched_tokens=budget)[4]
         assert first_divergence(ref, out) is None, budget
@@ -88,10 +74,10 @@ def test_invariant_under_chunked_prefill_and_staggered_arrival(engines: dict[str
 
 
 def test_production_mode_differs_somewhere(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["production"])
+    ref = solo(engines["production"])
     diverged = [
         size for size in range(2, 34)
-        if not _same_logits(ref, engines["production"].generate(_batch(size, size - 1, seed=size))[size - 1])
+        if not _same_logits(ref, engines["production"].generate(batch_around_target(size, size - 1, seed=size))[size - 1])
     ]
     if not diverged:
         pytest.xfail(f"production mode on {torch.cuda.get_device_name()} gave the solo logits for every batch "

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from native_batches import TARGET, batch_around_target, solo
 
 from oracle.compare import first_divergence
-from oracle.engines.base import Completion, Request, SamplingParams
+from oracle.engines.base import Request, SamplingParams
 from oracle.engines.native import NativeEngine
-
-SAMPLING = SamplingParams(max_tokens=8, logits="full")
 
 
 @pytest.fixture(scope="module")
@@ -22,30 +21,16 @@ def engines(tiny_qwen3: Path) -> dict[str, NativeEngine]:
     return {"invariant": inv, "production": prod}
 
 
-def _prompt(rng: random.Random, lo: int = 4, hi: int = 60) -> tuple[int, ...]:
-    return tuple(rng.randrange(512) for _ in range(rng.randint(lo, hi)))
 
 
-TARGET = tuple(random.Random(1).randrange(512) for _ in range(41))
 
-
-def _batch(size: int, position: int, seed: int) -> list[Request]:
-    rng = random.Random(seed)
-    reqs = [Request(f"f{i}", _prompt(rng), SamplingParams(max_tokens=rng.randint(1, 10), logits="none"))
-            for i in range(size - 1)]
-    reqs.insert(position, Request("target", TARGET, SAMPLING))
-    return reqs
-
-
-def _solo(engine: NativeEngine) -> Completion:
-    return engine.generate([Request("target", TARGET, SAMPLING)])[0]
 
 
 def test_invariant_mode_is_bitwise_equal_to_solo_for_batch_1_to_33(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["invariant"])
+    ref = solo(engines["invariant"])
     for size in range(1, 34):
         for position in sorted({0, size // 2, size - 1}):
-            out = engines["invariant"].generate(_batch(size, position, seed=size))[position]
+            out = engines["invariant"].generate(batch_around_target(size, position, seed=size))[position]
             assert first_divergence(ref, out) is None, (size, position)
             assert out.max_batch == size  # all arrived at step 0, so the prefill pass held every sequence
             assert ref.logits is not None and out.logits is not None
@@ -53,19 +38,19 @@ def test_invariant_mode_is_bitwise_equal_to_solo_for_batch_1_to_33(engines: dict
 
 
 def test_production_mode_differs_somewhere(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["production"])
+    ref = solo(engines["production"])
     diverged = [
         size for size in range(2, 34)
-        if first_divergence(ref, engines["production"].generate(_batch(size, size - 1, seed=size))[size - 1])
+        if first_divergence(ref, engines["production"].generate(batch_around_target(size, size - 1, seed=size))[size - 1])
     ]
     assert diverged, "production mode never diverged from its solo run"
 
 
 def test_invariant_under_chunked_prefill_and_staggered_arrival(engines: dict[str, NativeEngine]) -> None:
-    ref = _solo(engines["invariant"])
+    ref = solo(engines["invariant"])
     rng = random.Random(5)
     for budget in (7, 16, 33, 100):
-        reqs = _batch(9, 4, seed=budget)
+        reqs = batch_around_target(9, 4, seed=budget)
         reqs = [Request(r.request_id, r.prompt_token_ids, r.sampling, arrival_step=rng.randint(0, 4)) for r in reqs]
         out = engines["invariant"].generate(reqs, max_num_batched_tokens=budget)[4]
         assert first_divergence(ref, out) is None, budget
@@ -74,7 +59,7 @@ def test_invariant_under_chunked_prefill_and_staggered_arrival(engines: dict[str
 
 
 def test_evidence_counts_shared_passes(engines: dict[str, NativeEngine]) -> None:
-    out = engines["invariant"].generate(_batch(5, 2, seed=3))
+    out = engines["invariant"].generate(batch_around_target(5, 2, seed=3))
     target = out[2]
     assert target.evidence[0].is_prefill and target.evidence[0].num_seqs == 5
     assert [e.token_index for e in target.evidence if e.token_index is not None] == list(range(8))
@@ -82,10 +67,10 @@ def test_evidence_counts_shared_passes(engines: dict[str, NativeEngine]) -> None
 
 def test_seeded_sampling_is_reproducible_and_batch_invariant(engines: dict[str, NativeEngine]) -> None:
     sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=11, logits="digest")
-    solo = engines["invariant"].generate([Request("t", TARGET, sampling)])[0]
-    reqs = _batch(6, 3, seed=2)
+    alone = engines["invariant"].generate([Request("t", TARGET, sampling)])[0]
+    reqs = batch_around_target(6, 3, seed=2)
     reqs[3] = Request("t", TARGET, sampling)
     batched = engines["invariant"].generate(reqs)[3]
-    assert first_divergence(solo, batched) is None
+    assert first_divergence(alone, batched) is None
     other = engines["invariant"].generate([Request("t", TARGET, SamplingParams(8, 1.0, 12, "digest"))])[0]
-    assert other.token_ids != solo.token_ids
+    assert other.token_ids != alone.token_ids
