@@ -12,12 +12,15 @@ kernels and `disable()` restores them.
     print(oracle_kernels.audit(model, batch).uncovered)  # batch-variant ops still on torch's kernels
 
 Backends: kernels/cpu/ (portable torch, the `CPU` key) and kernels/triton/ (Triton kernels, the
-`CUDA` key; triton is imported on the first CUDA call). `python -m oracle_kernels.bench` times
+`CUDA` key; triton is imported on the first CUDA call). bf16/fp16 products on CUDA go to cuBLASLt
+with split-K off wherever it was seen to give the Triton kernel's bits (kernels/cublaslt.py;
+`matmul_paths()` says what it took and refused). `python -m oracle_kernels.bench` times
 the CUDA kernels against torch's.
 """
 
 from .attention import paged_attention, reference_attention
 from .audit import BATCH_VARIANT_OPS, AuditResult, audit, can_vary_with_batch
+from .cublaslt import summary as matmul_paths
 from .registry import batch_invariant, covered_ops, disable, enable, is_enabled
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "disable",
     "enable",
     "is_enabled",
+    "matmul_paths",
     "paged_attention",
     "reference_attention",
 ]

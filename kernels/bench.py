@@ -4,11 +4,13 @@
     python -m oracle_kernels.bench --quick --json bench.json    # a few shapes, a minute or so
     python -m oracle_kernels.bench --sweep --json sweep.json    # candidate matmul tiles (for tuning config.py)
 
-Matmul: the invariant mm (kernels/triton/matmul.py) against cuBLAS (`aten::mm.out`, which the
-kernels never override) on the Qwen3-8B projection shapes, x [M, K] @ w.t() with w [N, K] as
-F.linear passes it. Two timings each: `*_graph_ms`, the GPU time of the kernel alone (replayed in
-a CUDA graph), and `*_eager_ms`, a plain call including the host's launch cost. `speed_vs_cublas`
-is cublas time / invariant time on the graph timings: 1.0 is parity, the target is >= 0.9.
+Matmul: the invariant mm (kernels/triton/matmul.py, which sends the products that cuBLASLt
+without split-K computes with the same bits to cuBLASLt: kernels/cublaslt.py) against cuBLAS
+(`aten::mm.out` with torch's default flags, split-K allowed) on the Qwen3-8B projection shapes,
+x [M, K] @ w.t() with w [N, K] as F.linear passes it. Two timings each: `*_graph_ms`, the GPU time
+of the kernel alone (replayed in a CUDA graph), and `*_eager_ms`, a plain call including the
+host's launch cost. `speed_vs_cublas` is cublas time / invariant time on the graph timings: 1.0 is
+parity, the target is >= 0.9; `triton_speed_vs_cublas` is the same for the Triton kernel alone.
 
 Attention: the invariant decode (kernels/triton/attention.py, fixed 512-position partitions)
 against the same kernel with a batch-sized split as production split-KV kernels choose it
@@ -62,6 +64,10 @@ def _time_ms(fn: Callable[[], object], graph: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
+def _sms(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def _tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12 if ms > 0 else math.nan
 
@@ -80,7 +86,13 @@ def bench_matmul(
     ms: Sequence[int] = BATCH_SIZES,
     dtype: torch.dtype = torch.bfloat16,
 ) -> list[dict[str, Any]]:
-    """Invariant mm vs cuBLAS for x [M, K] @ w.t(), w [N, K]; one row per (K, N, M)."""
+    """Invariant mm vs cuBLAS for x [M, K] @ w.t(), w [N, K]; one row per (K, N, M).
+
+    `invariant_*` is the invariant mm as the enabled kernels run it (cuBLASLt without split-K where
+    kernels/cublaslt.py admits the problem, else Triton; `path` says which), `triton_*` the Triton
+    kernel alone (the portable path). cuBLAS is torch's default: split-K allowed.
+    """
+    from . import cublaslt
     from .triton import matmul
 
     device = _require_cuda()
@@ -93,19 +105,27 @@ def bench_matmul(
             b = w.t()
             out = torch.empty(m, n, device=device, dtype=dtype)
             cublas = functools.partial(torch.ops.aten.mm.out, x, b, out=out)
-            ours = functools.partial(matmul.mm, x, b)
-            flops = 2.0 * m * n * k
-            cublas_graph, ours_graph = _time_ms(cublas, graph=True), _time_ms(ours, graph=True)
-            cublas_eager, ours_eager = _time_ms(cublas, graph=False), _time_ms(ours, graph=False)
+            cublas_graph, cublas_eager = _time_ms(cublas, graph=True), _time_ms(cublas, graph=False)
             ref = torch.ops.aten.mm.out(x, b, out=torch.empty_like(out))
+            saved = cublaslt.flags_on()  # as enable() sets them
+            try:
+                ours = functools.partial(matmul.mm, x, b)
+                path = "cublaslt" if cublaslt.use_cublaslt(x, b, matmul.triton_mm) else "triton"
+                same_as_triton = torch.equal(ours(), matmul.triton_mm(x, b))
+                ours_graph, ours_eager = _time_ms(ours, graph=True), _time_ms(ours, graph=False)
+                triton_graph = _time_ms(functools.partial(matmul.triton_mm, x, b), graph=True)
+                diff = float((ours().float() - ref.float()).abs().max())
+            finally:
+                cublaslt.flags_restore(saved)
+            flops = 2.0 * m * n * k
             rows.append({
-                "op": "mm", "dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n,
-                "tiles": asdict(matmul_config(dtype).tiles_for(m)),
-                "cublas_graph_ms": cublas_graph, "invariant_graph_ms": ours_graph,
+                "op": "mm", "dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n, "path": path,
+                "tiles": asdict(matmul_config(dtype).tiles_for(m, n, _sms(device))),
+                "cublas_graph_ms": cublas_graph, "invariant_graph_ms": ours_graph, "triton_graph_ms": triton_graph,
                 "cublas_eager_ms": cublas_eager, "invariant_eager_ms": ours_eager,
                 "cublas_tflops": _tflops(flops, cublas_graph), "invariant_tflops": _tflops(flops, ours_graph),
-                "speed_vs_cublas": cublas_graph / ours_graph,
-                "max_abs_diff_vs_cublas": float((matmul.mm(x, b).float() - ref.float()).abs().max()),
+                "speed_vs_cublas": cublas_graph / ours_graph, "triton_speed_vs_cublas": cublas_graph / triton_graph,
+                "bitwise_equal_to_triton": same_as_triton, "max_abs_diff_vs_cublas": diff,
             })
             print(_matmul_line(rows[-1]), file=sys.stderr, flush=True)
     return rows
@@ -113,16 +133,18 @@ def bench_matmul(
 
 def _matmul_line(r: dict[str, Any]) -> str:
     return (f"mm M={r['m']} K={r['k']} N={r['n']}: cuBLAS {r['cublas_graph_ms'] * 1e3:.1f} us, "
-            f"invariant {r['invariant_graph_ms'] * 1e3:.1f} us ({r['speed_vs_cublas']:.2f}x)")
+            f"invariant {r['invariant_graph_ms'] * 1e3:.1f} us ({r['speed_vs_cublas']:.2f}x, {r['path']}), "
+            f"Triton alone {r['triton_speed_vs_cublas']:.2f}x")
 
 
 def default_sweep_candidates() -> list[MatmulTiles]:
-    """Tile candidates for bf16/fp16: BLOCK_K = 64 (the configured K blocking), wgmma-eligible shapes."""
+    """Tile candidates for bf16/fp16: BLOCK_K 64 and 128, wgmma-eligible shapes (BLOCK_M 64 or 128, 4 or 8 warps)."""
     shapes = (
-        (64, 32, 4, 8), (64, 32, 4, 12), (64, 64, 4, 4), (64, 64, 4, 8), (64, 128, 4, 4), (64, 256, 4, 3),
-        (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3),
+        (64, 32, 64, 4, 8), (64, 32, 128, 4, 8), (64, 64, 64, 4, 8), (64, 64, 128, 4, 6), (64, 128, 64, 4, 4),
+        (64, 128, 128, 4, 3), (64, 256, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4),
+        (128, 128, 128, 8, 3), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
     )
-    return [MatmulTiles(bm, bn, 64, 8, warps, stages) for bm, bn, warps, stages in shapes]
+    return [MatmulTiles(bm, bn, bk, 8, warps, stages) for bm, bn, bk, warps, stages in shapes]
 
 
 def best_tiles_by_m(sweep: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,7 +178,7 @@ def bench_matmul_tiles(
         for m in ms:
             x = torch.randn(m, k, device=device, generator=g).to(dtype)
             b = w.t()
-            configured = matmul.mm(x, b)
+            configured = matmul.triton_mm(x, b)
             cublas_ms = _time_ms(functools.partial(torch.ops.aten.mm.out, x, b, out=configured.clone()), graph=True)
             for tiles in candidates if candidates is not None else default_sweep_candidates():
                 error: str | None = None
@@ -167,7 +189,7 @@ def bench_matmul_tiles(
                     same, t_ms, error = False, math.nan, f"{type(e).__name__}: {e}"[:200]
                 rows.append({
                     "m": m, "k": k, "n": n, "tiles": asdict(tiles),
-                    "configured": asdict(matmul_config(dtype).tiles_for(m)),
+                    "configured": asdict(matmul_config(dtype).tiles_for(m, n, _sms(device))),
                     "graph_ms": t_ms, "speed_vs_cublas": cublas_ms / t_ms,
                     "bitwise_equal_to_configured": same, "error": error,
                 })
@@ -265,8 +287,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     return "\n".join(lines)
 
 
-MATMUL_COLUMNS = ("m", "k", "n", "cublas_graph_ms", "invariant_graph_ms", "cublas_tflops", "invariant_tflops",
-                  "speed_vs_cublas", "cublas_eager_ms", "invariant_eager_ms")
+MATMUL_COLUMNS = ("m", "k", "n", "path", "cublas_graph_ms", "invariant_graph_ms", "cublas_tflops", "invariant_tflops",
+                  "speed_vs_cublas", "triton_speed_vs_cublas", "bitwise_equal_to_triton", "invariant_eager_ms")
 ATTENTION_COLUMNS = ("batch", "context", "invariant_ms", "splitkv_ms", "splitkv_partition", "speed_vs_splitkv",
                      "invariant_kv_gbps", "torch_production_ms")
 SWEEP_COLUMNS = ("m", "k", "n", "tiles", "graph_ms", "speed_vs_cublas", "bitwise_equal_to_configured", "error")

@@ -3,7 +3,9 @@
 Each override is one row of `OVERRIDES`, one `Library.impl` line when enabled: an op, the
 dispatch key it replaces, and the adapter with the op's exact signature. The CPU rows point at
 kernels/cpu/, the `CUDA` rows at kernels/triton/adapters.py (which imports triton only when a CUDA
-tensor first reaches it, so this module loads without triton).
+tensor first reaches it, so this module loads without triton). Enabling also turns split-K off in
+torch's cuBLASLt calls, for the bf16/fp16 products that kernels/cublaslt.py sends there, and
+disabling restores torch's flags.
 
 Overrides in torch's dispatcher are global to the process, so this module keeps the one piece of
 global state in the package: the live `Library` objects. `batch_invariant()` is the way to
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import cublaslt
 from .cpu import attention as cpu_attention
 from .cpu import matmul, pointwise, reduction
 from .triton import adapters as cuda
@@ -81,6 +84,7 @@ class _Registrations:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._libraries: list[torch.library.Library] = []
+        self._saved_flags: cublaslt.SavedFlags | None = None
 
     def is_enabled(self) -> bool:
         return bool(self._libraries)
@@ -103,12 +107,17 @@ class _Registrations:
                     library._destroy()
                 raise
             self._libraries = list(libraries.values())
+            # Split-K off in cuBLASLt for the products it takes (kernels/cublaslt.py); a no-op without CUDA.
+            self._saved_flags = cublaslt.flags_on()
 
     def disable(self) -> None:
         with self._lock:
             libraries, self._libraries = self._libraries, []
             for library in libraries:
                 library._destroy()
+            if libraries:
+                saved, self._saved_flags = self._saved_flags, None
+                cublaslt.flags_restore(saved)
 
 
 _REGISTRATIONS = _Registrations()

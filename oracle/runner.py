@@ -9,6 +9,7 @@ the kernels differ, which is fidelity's business, not the batch's.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Sequence
@@ -177,6 +178,9 @@ class ModeRunner:
                 self._prefix_cache()
         finally:
             self.runs.seconds = time.perf_counter() - t0
+            # Again at the end: what an engine learns while running (which products took which path).
+            with contextlib.suppress(Exception):  # an engine that died keeps its first description
+                self.runs.engine = self.engine.describe()
             self.engine.close()
             self.observer.done()
 

@@ -7,18 +7,25 @@ many programs run. So every number here is a constant of the dtype (and, for the
 of the reduced length, which is the same for every row of a call and for a batch of one), never a
 function of the batch size. Nothing here imports triton: the tables are plain data.
 
-Matrix products: one table of tiers per dtype, picked by M. All tiers of a dtype share the K
-blocking (BLOCK_K, one sequential loop over K from 0, no split-K) and, for bf16/fp16, the tensor
-core instruction: Hopper's wgmma, whose tile is 64 rows by BLOCK_N columns by 16 along K. Every
-tier keeps BLOCK_M a multiple of 64 and the warps a multiple of 4 so that Triton always picks
-wgmma and never falls back to mma.sync (m16n8k16), whose internal accumulation need not round
-alike. An element's value is then the chain acc <- wgmma(acc, a[k:k+16], b[k:k+16]) for k = 0,
-16, 32, ... in the same order in every tier; BLOCK_M and BLOCK_N only decide how many rows and
-columns one program carries along that chain, not what happens to an element. The GPU tests run
-every tier on the same operands and require bitwise equality, and compare every batch size across
-the tier boundaries; other GPUs (mma.sync on Ampere, tcgen05 on Blackwell) rely on the same
-tests. Changing a number below can change which bits the kernels produce: rerun
+Matrix products: one table of tiers per dtype, picked by M (and, for the first tier, by how many
+column tiles N makes against the GPU's SMs). Every tier runs one sequential loop over K from 0
+(no split-K) and, for bf16/fp16, the same tensor core instruction: Hopper's wgmma, whose tile is
+64 rows by BLOCK_N columns by 16 along K. Every tier keeps BLOCK_M a multiple of 64 and the warps
+a multiple of 4 so that Triton always picks wgmma and never falls back to mma.sync (m16n8k16),
+whose internal accumulation need not round alike. An element's value is then the chain
+acc <- wgmma(acc, a[k:k+16], b[k:k+16]) for k = 0, 16, 32, ... in the same order in every tier;
+BLOCK_M and BLOCK_N only decide how many rows and columns one program carries along that chain,
+and BLOCK_K how many of its steps one loop iteration issues, not what happens to an element
+(measured on an H200: BLOCK_N 16..128 and BLOCK_K 64..256 all give the same bits). The GPU tests
+run every tier on the same operands and require bitwise equality, and compare every batch size
+across the tier boundaries; other GPUs (mma.sync on Ampere, tcgen05 on Blackwell) rely on the
+same tests. Changing a number below can change which bits the kernels produce: rerun
 `pytest -m gpu tests/gpu/test_kernels_cuda.py` after any change.
+
+The same chain is what cuBLASLt computes without split-K on Hopper, so bf16/fp16 products with
+M >= CUBLASLT_MIN_M go to cuBLASLt where it was seen to give these bits (kernels/cublaslt.py); the
+tiers below then serve the decode sizes, CUDA-graph capture of unseen problems, and every product
+on GPUs or torch versions without that path.
 
 fp32 is multiplied in IEEE fp32 (`input_precision="ieee"`), never TF32: Triton lowers that to a
 chain of FMAs in K order on the CUDA cores, the same chain for every tile shape.
@@ -52,32 +59,46 @@ class MatmulConfig:
     # "ieee" for fp32/fp64. For bf16/fp16 the flag only concerns fp32 operands, so it is left at
     # Triton's default; the products of 16-bit operands are exact in fp32 either way.
     input_precision: str
+    # The first tier's tiles where their column tiles would leave SMs idle and the narrower ones
+    # still fit in one wave (a decode-sized product with N = 4096 on 132 SMs: 64 tiles, or 128).
+    narrow: MatmulTiles | None = None
 
-    def tiles_for(self, m: int) -> MatmulTiles:
-        """The tiles for a product with `m` rows (of each matrix, for bmm)."""
-        for largest_m, tiles in self.tiers:
-            if m <= largest_m:
-                return tiles
-        return self.tiers[-1][1]
+    def tiles_for(self, m: int, n: int = 0, slots: int = 0) -> MatmulTiles:
+        """The tiles for a product with `m` rows (of each matrix, for bmm), `n` columns, `slots` SMs."""
+        tiles = next((t for largest_m, t in self.tiers if m <= largest_m), self.tiers[-1][1])
+        if (self.narrow is not None and tiles is self.tiers[0][1]
+                and -(-n // tiles.block_n) < slots and -(-n // self.narrow.block_n) <= slots):
+            return self.narrow
+        return tiles
 
 
 _LARGE = 1 << 62
 
 # bf16/fp16 on Hopper (132 SMs on an H200). No split-K means parallelism comes only from output
-# tiles, so smaller M gets narrower tiles to keep the SMs busy on N = 4096-wide projections:
-# decode sizes (M <= 64, bandwidth bound) stream the weight through 64 x 64 tiles with a deep
-# pipeline; 128 x 256 is the classic compute-bound tile for large M. All tiers share BLOCK_K = 64
-# and wgmma's k = 16 steps (see the module docstring). Measured choices: `python -m
-# oracle_kernels.bench --sweep` times candidate tiles per M and checks their bits.
+# tiles, so smaller M gets narrower tiles to keep the SMs busy: decode sizes (M <= 64, bandwidth
+# bound) stream the weight through 64 x 64 tiles (64 x 32 where those fill one wave and 64 x 64 do
+# not, as for N = 4096)
+# with 128-deep K blocks and a deep pipeline (0.97-1.1x of cuBLAS at M = 1..8 on the Qwen3-8B
+# shapes but for N = K = 4096, 0.84-0.99x); 128 x 256 is the classic compute-bound tile for large
+# M. Every tier issues wgmma's k = 16 steps in K order (see the module docstring). Measured
+# choices: `python -m oracle_kernels.bench --sweep` times candidate tiles per M and checks their
+# bits. A GPU with less shared memory than an H200 runs them with fewer stages (matmul.py).
 _HALF_MATMUL = MatmulConfig(
     tiers=(
-        (64, MatmulTiles(block_m=64, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=8)),
+        (64, MatmulTiles(block_m=64, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=6)),
         (256, MatmulTiles(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)),
         (1024, MatmulTiles(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)),
         (_LARGE, MatmulTiles(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)),
     ),
     input_precision="tf32",
+    narrow=MatmulTiles(block_m=64, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=8),
 )
+
+# bf16/fp16 products with at least this many rows go to cuBLASLt without split-K where it gives
+# the Triton kernel's bits (kernels/cublaslt.py). Below, cuBLASLt without split-K can be far
+# slower than cuBLAS (H200: 0.10x at M = 1 and 8 for K = 12288, N = 4096; 0.42x at M = 1 for
+# K = N = 4096), and from 32 up it runs at 0.86-1.36x of cuBLAS on the Qwen3-8B shapes.
+CUBLASLT_MIN_M = 32
 
 # The fallback if a GPU ever gives different bits for different tiers (tests/gpu/test_kernels_cuda.py
 # says so by name): one tier for every M, as the first batch-invariant matmuls did. Slower for

@@ -9,10 +9,11 @@ from __future__ import annotations
 try:
     import triton
     import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
         "oracle_kernels: the CUDA kernels are written in Triton; install it (`pip install triton`, "
         "bundled with torch's CUDA wheels) or run on the CPU"
     ) from error
 
-__all__ = ["tl", "triton"]
+__all__ = ["OutOfResources", "tl", "triton"]

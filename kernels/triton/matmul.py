@@ -23,8 +23,9 @@ import functools
 
 import torch
 
+from .. import cublaslt
 from .config import FLOAT_DTYPES, MatmulTiles, matmul_config
-from .language import tl, triton
+from .language import OutOfResources, tl, triton
 
 # --- kernel ---------------------------------------------------------------------------------------
 
@@ -92,14 +93,20 @@ def _multiprocessors(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
+def _slots(device: torch.device) -> int:
+    """Programs that run at once: the SMs of a GPU, or a few under the interpreter."""
+    if device.type == "cuda":
+        return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    return _INTERPRETER_PROGRAMS
+
+
 def num_programs(device: torch.device, num_tiles: int) -> int:
     """Programs of a persistent grid: one per SM at most (the order of tiles never changes a bit)."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        slots = _multiprocessors(index)
-    else:
-        slots = _INTERPRETER_PROGRAMS
-    return max(1, min(num_tiles, slots))
+    return max(1, min(num_tiles, _slots(device)))
+
+
+# Pipeline depth that compiled, per (device, tiles), where the configured one ran out of shared memory.
+_STAGES_THAT_FIT: dict[tuple[torch.device, MatmulTiles], int] = {}
 
 
 def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
@@ -124,30 +131,50 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tiles: MatmulTi
     if out.numel() == 0:
         return out
     config = matmul_config(a.dtype)
-    t = tiles if tiles is not None else config.tiles_for(m)
+    t = tiles if tiles is not None else config.tiles_for(m, n, _slots(a.device))
     num_tiles = batches * triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
     grid = (num_programs(a.device, num_tiles),)
-    matmul_kernel[grid](
-        a, b, out, m, n, k, batches,
-        a.stride(0), a.stride(1), a.stride(2),
-        b.stride(0), b.stride(1), b.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
-        INPUT_PRECISION=config.input_precision, ACC_DTYPE=_acc_dtype(a.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )
-    return out
+    fit = (a.device, t)
+    while True:
+        stages = _STAGES_THAT_FIT.get(fit, t.num_stages)
+        try:
+            matmul_kernel[grid](
+                a, b, out, m, n, k, batches,
+                a.stride(0), a.stride(1), a.stride(2),
+                b.stride(0), b.stride(1), b.stride(2),
+                out.stride(0), out.stride(1), out.stride(2),
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+                INPUT_PRECISION=config.input_precision, ACC_DTYPE=_acc_dtype(a.dtype),
+                num_warps=t.num_warps, num_stages=stages,
+            )
+            return out
+        except OutOfResources:
+            # The pipeline depth only decides how many K blocks are in flight, never the order of the
+            # sums, so a GPU with less shared memory than an H200 runs the same tiles shallower.
+            if stages <= 1:
+                raise
+            _STAGES_THAT_FIT[fit] = stages - 1
+
+
+def triton_mm(a: torch.Tensor, b: torch.Tensor, tiles: MatmulTiles | None = None) -> torch.Tensor:
+    """a [M, K] @ b [K, N] by the Triton kernel alone (the portable path)."""
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    return _launch(a[None], b[None], out[None], tiles)[0]
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, tiles: MatmulTiles | None = None) -> torch.Tensor:
-    """a [M, K] @ b [K, N] -> [M, N] in a's dtype; row i depends only on a[i] and b, bitwise."""
+    """a [M, K] @ b [K, N] -> [M, N] in a's dtype; row i depends only on a[i] and b, bitwise.
+
+    bf16/fp16 products that cuBLASLt without split-K was seen to compute with this kernel's bits go
+    there when it is faster (kernels/cublaslt.py); `tiles` (tests, the tile sweep) forces Triton.
+    """
     _check_operands("mm", a, b, 2)
-    out = a.new_empty((a.shape[0], b.shape[1]))
     if a.dtype not in FLOAT_DTYPES:
         # Integer products are exact: there is no summation order to fix.
-        return torch.ops.aten.mm.out(a, b, out=out)
-    _launch(a[None], b[None], out[None], tiles)
-    return out
+        return torch.ops.aten.mm.out(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
+    if tiles is None and cublaslt.use_cublaslt(a, b, triton_mm):
+        return cublaslt.mm(a, b, a.new_empty((a.shape[0], b.shape[1])))
+    return triton_mm(a, b, tiles)
 
 
 def addmm(

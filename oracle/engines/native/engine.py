@@ -78,6 +78,9 @@ class NativeEngine:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": self.enable_prefix_caching,
             "num_threads": self.num_threads or torch.get_num_threads(),
+            # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
+            **({"matmul_paths": oracle_kernels.matmul_paths()}
+               if self.mode == "invariant" and self.device.type == "cuda" else {}),
         }
 
     def close(self) -> None:
