@@ -1,7 +1,7 @@
 """The vendor-path routing of kernels/cublaslt.py and the tile choice of kernels/triton/config.py, off the GPU.
 
 The premise itself (cuBLASLt without split-K gives the Triton kernel's bits) needs a GPU:
-tests/gpu/test_kernels_cublaslt.py. Here: what the routing refuses without one, and the tiles.
+tests/gpu/test_kernels_cublaslt_cuda.py. Here: what the routing refuses without one, and the tiles.
 """
 
 from __future__ import annotations
