@@ -12,9 +12,11 @@ interpreter runs each tl.dot tile as one numpy matmul of the tile's fixed shape,
 check the kernels' indexing, masking, tiling and merge order, and that no row's arithmetic sees
 the batch; the tensor-core arithmetic itself is checked on a GPU (tests/gpu/test_kernels_cuda.py).
 
-Two interpreter quirks are handled here, not in the kernels: it multiplies bf16 dot operands as
-their raw uint16 bits (we patch its dot to widen them to fp32 first, as the GPU does), and it
-truncates fp32 -> bf16 conversions instead of rounding to nearest (bf16 tolerances allow 1 ulp).
+Three interpreter quirks are handled here, not in the kernels: it multiplies bf16 dot operands as
+their raw uint16 bits (we patch its dot to widen them to fp32 first, as the GPU does), its dot is
+the host BLAS, which may round a tile's rows by their position (we patch it to multiply one row
+at a time), and it truncates fp32 -> bf16 conversions instead of rounding to nearest (bf16
+tolerances allow 1 ulp).
 """
 
 from __future__ import annotations
@@ -47,11 +49,23 @@ def _widen_bf16(x):  # type: ignore[no-untyped-def]
     return x
 
 
-def _dot_widening_bf16(self, a, b, d, *args, **kwargs):  # type: ignore[no-untyped-def]
-    return _interpreter_dot(self, _widen_bf16(a), _widen_bf16(b), d, *args, **kwargs)
+def _dot_row_by_row(self, a, b, d, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """The interpreter's dot, one row of the tile at a time.
+
+    It runs numpy's matmul, that is the host's BLAS, whose fp32 kernels may round a row by where it
+    sits in the tile (OpenBLAS on an AVX2 EPYC gave rows 6..11 of a 16-row tile other bits): that
+    would be the host's batch variance, not the kernel's. One [1, K] @ [K, N] product per row gives
+    every row the same code path, as a GPU's instruction does.
+    """
+    a, b = _widen_bf16(a), _widen_bf16(b)
+    rows = a.data.shape[-2]
+    out = [_interpreter_dot(self, interpreter.TensorHandle(a.data[..., i:i + 1, :], a.dtype.scalar), b,
+                            interpreter.TensorHandle(d.data[..., i:i + 1, :], d.dtype.scalar), *args, **kwargs)
+           for i in range(rows)]
+    return interpreter.TensorHandle(np.concatenate([o.data for o in out], axis=-2), d.dtype.scalar)
 
 
-interpreter.InterpreterBuilder.create_dot = _dot_widening_bf16
+interpreter.InterpreterBuilder.create_dot = _dot_row_by_row
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Max error relative to max |reference|: bf16 allows the interpreter's truncation (1 ulp = 2^-7).
