@@ -11,6 +11,9 @@ stream-K), and the operand rows that are not part of the product (past M, past N
 loaded as zeros, which add nothing. So the chain of roundings that produces c[i, j] involves only
 a[i, :] and b[:, j] and is the same for M = 1 and M = 4096.
 
+bf16/fp16 products of 32 rows or more go to cuBLASLt with split-K off instead, where that was seen
+to give exactly this kernel's bits for the problem (kernels/cublaslt.py): same bits, cuBLAS speed.
+
 addmm is mm followed by an exact elementwise epilogue (alpha, then bias), as the CPU backend
 does, so a row gets the same bits through F.linear's addmm and through matmul + add. bmm is the
 same kernel with a batch index in the tile order; a bmm whose B is broadcast over the batch

@@ -115,6 +115,33 @@ def test_mm_small_tiles_every_row_and_batch_size(dtype: torch.dtype) -> None:
     assert _differing_rows(op, x[:20]) == []
 
 
+def test_mm_runs_shallower_where_shared_memory_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU with less shared memory than the tiles' stages need gets the same tiles with fewer stages."""
+    from triton.runtime.errors import OutOfResources
+
+    real = matmul.matmul_kernel
+    tried: list[int] = []
+
+    class SmallSharedMemory:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            def launch(*args, num_stages: int, **kwargs):  # type: ignore[no-untyped-def]
+                tried.append(num_stages)
+                if num_stages > 2:
+                    raise OutOfResources(num_stages * 1000, 2000, "shared memory")
+                return real[grid](*args, num_stages=num_stages, **kwargs)
+            return launch
+
+    x, w = _randn(5, 40, dtype=torch.float32, seed=7), _randn(24, 40, dtype=torch.float32, seed=8)
+    tiles = MatmulTiles(block_m=16, block_n=16, block_k=16, group_m=1, num_warps=4, num_stages=4)
+    expected = matmul.mm(x, w.t(), tiles)
+    monkeypatch.setattr(matmul, "matmul_kernel", SmallSharedMemory())
+    monkeypatch.setattr(matmul, "_STAGES_THAT_FIT", {})
+    assert torch.equal(matmul.mm(x, w.t(), tiles), expected)
+    assert tried == [4, 3, 2]
+    assert torch.equal(matmul.mm(x, w.t(), tiles), expected)
+    assert tried == [4, 3, 2, 2]  # the depth that fitted is remembered
+
+
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float64], ids=str)
 def test_mm_accuracy(dtype: torch.dtype) -> None:
     x, w = _randn(33, 80, dtype=dtype, seed=5), _randn(48, 80, dtype=dtype, seed=6)
