@@ -77,10 +77,9 @@ _LARGE = 1 << 62
 # bf16/fp16 on Hopper (132 SMs on an H200). No split-K means parallelism comes only from output
 # tiles, so smaller M gets narrower tiles to keep the SMs busy: decode sizes (M <= 64, bandwidth
 # bound) stream the weight through 64 x 64 tiles (64 x 32 where those fill one wave and 64 x 64 do
-# not, as for N = 4096)
-# with 128-deep K blocks and a deep pipeline (0.97-1.1x of cuBLAS at M = 1..8 on the Qwen3-8B
-# shapes but for N = K = 4096, 0.84-0.99x); 128 x 256 is the classic compute-bound tile for large
-# M. Every tier issues wgmma's k = 16 steps in K order (see the module docstring). Measured
+# not, as for N = 4096) with 128-deep K blocks and a deep pipeline (H200, M = 1 and 8 on the
+# Qwen3-8B shapes: 0.95-1.08x of cuBLAS, but 0.86x for N = K = 4096 at M = 8, where cuBLAS splits
+# K); 128 x 256 is the classic compute-bound tile for large M. Every tier issues wgmma's k = 16 steps in K order (see the module docstring). Measured
 # choices: `python -m oracle_kernels.bench --sweep` times candidate tiles per M and checks their
 # bits. A GPU with less shared memory than an H200 runs them with fewer stages (matmul.py).
 _HALF_MATMUL = MatmulConfig(
