@@ -136,8 +136,11 @@ def _layout(a: torch.Tensor, b: torch.Tensor) -> Layout | None:
     return (a.device.index or 0, a.dtype, a.shape[1], b.shape[1], (a.stride(0),), tuple(b.stride()))
 
 
-def _cublaslt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    # aten::mm.out is not overridden (only aten::mm is), so this reaches torch's cuBLASLt call.
+def mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`a @ b` into `out` by cuBLASLt (with the flags on); routed calls only for admitted problems.
+
+    aten::mm.out is not overridden (only aten::mm is), so this reaches torch's cuBLASLt call.
+    """
     return torch.ops.aten.mm.out(a, b, out=out)
 
 
@@ -151,7 +154,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor, triton_mm: Triton) -> bool | None
     x.normal_(generator=g)
     try:
         ours = triton_mm(x, b)
-        theirs = _cublaslt(x, b, torch.empty_like(ours))
+        theirs = mm(x, b, torch.empty_like(ours))
     except torch.cuda.OutOfMemoryError:
         return None
     if not bool(ours.ne(0).any()):  # a zero B says nothing about the order of the sums
@@ -166,10 +169,10 @@ def use_cublaslt(a: torch.Tensor, b: torch.Tensor, triton_mm: Triton) -> bool:
     capture no comparison can run, so an unseen problem stays on Triton then.
     """
     m = a.shape[0]
-    if m < CUBLASLT_MIN_M or not available():
+    if m < CUBLASLT_MIN_M:
         return False
     layout = _layout(a, b)
-    if layout is None or not _flags_are_on():
+    if layout is None or not _flags_are_on() or not available():
         return False
     with _VERDICTS.lock:
         if layout in _VERDICTS.barred:
@@ -185,11 +188,6 @@ def use_cublaslt(a: torch.Tensor, b: torch.Tensor, triton_mm: Triton) -> bool:
         elif same is False:
             _VERDICTS.barred[layout] = f"cuBLASLt's bits differ from the Triton kernel's at M={m}"
     return same is True
-
-
-def mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`a @ b` into `out` by cuBLASLt; only for problems `use_cublaslt` admitted."""
-    return _cublaslt(a, b, out)
 
 
 def summary() -> dict[str, Any]:
