@@ -38,7 +38,8 @@ def bench_config(config_path: str, json_path: Path | None) -> int:
     """Generate every trial of the config once per mode on one engine and report the wall times."""
     from oracle.config import load_config
     from oracle.engines import build_engine
-    from oracle.runner import generate, plan_run, trial_requests
+    from oracle.execute import generate
+    from oracle.plan import plan_run, trial_requests
 
     config = load_config(config_path)
     plan = plan_run(config)

@@ -66,7 +66,10 @@ def _run(args: argparse.Namespace) -> int:
 
     console = make_console()
     report_dir = args.report_dir or Path(config.report_dir)
-    report = run(config, seed=args.seed, observer=ConsoleObserver(console), report_dir=report_dir)
+    from oracle.render.files import write_formats
+
+    report = run(config, seed=args.seed, observer=ConsoleObserver(console), report_dir=report_dir,
+                 views=[write_formats])
     print_summary(console, report, str(report_dir / "report.json"))
     if report.error:
         print(f"oracle: error: {report.error} (partial report in {report_dir})", file=sys.stderr)
@@ -83,16 +86,21 @@ def _replay(args: argparse.Namespace) -> int:
     console.print(f"trial {t.trial_id} ({r.mode}): batch {t.batch_size}, target {t.target} at position "
                   f"{t.position}, budget {t.max_num_batched_tokens}")
     d = r.divergence
+    rec = r.recorded
     if d is None:
         console.print("no divergence: the target is bitwise equal to its solo run")
+        if rec is not None:
+            console.print(f"the report had a divergence at step {rec.step} ({rec.kind}, ULP {rec.ulp})")
         return 0
     console.print(f"divergence at step {d.step} ({d.kind}): token {d.expected_token} -> {d.actual_token}, "
                   f"logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP {d.ulp}, "
                   f"max |dlogit| {d.max_abs_logits_diff}, margin {d.reference_margin}")
-    if r.recorded is not None:
-        same = r.recorded["step"] == d.step and r.recorded["kind"] == d.kind and r.recorded["ulp"] == d.ulp
-        console.print("same as the report" if same else f"the report had step {r.recorded['step']} "
-                      f"({r.recorded['kind']}, ULP {r.recorded['ulp']})")
+    if rec is None:
+        console.print("the report had no divergence for this trial")
+    elif (rec.step, rec.kind, rec.ulp) == (d.step, d.kind, d.ulp):
+        console.print("same as the report")
+    else:
+        console.print(f"the report had step {rec.step} ({rec.kind}, ULP {rec.ulp})")
     return 1
 
 

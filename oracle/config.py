@@ -88,7 +88,7 @@ class ScheduleConfig(_Strict):
     max_num_batched_tokens: tuple[int, int] | None = Field(
         None, description="[min, max] token budget per trial (chunked prefill); engine's value when absent")
     repeat_trials: int = Field(10, ge=0, description="trials run twice per mode for repeatability")
-    shrink: bool = Field(True, description="shrink a failing invariance trial to a minimal one with hypothesis")
+    shrink: bool = Field(True, description="shrink the first failing invariance trial to the smallest one that still fails")
     max_shrink_runs: int = Field(200, ge=0, description="engine runs spent shrinking at most")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
@@ -112,6 +112,12 @@ class CheckConfig(_Strict):
         if isinstance(v, bool):  # YAML 1.1 reads a bare `off` as false
             v = "required" if v else "off"
         return {"requirement": v} if isinstance(v, str) else v
+
+
+class InvarianceConfig(CheckConfig):
+    localize: Literal["first", "all", "off"] = Field(
+        "first", description="name the first diverging op of failing trials: the first and the shrunk one, "
+        "every failing trial, or none")
 
 
 class FidelityConfig(CheckConfig):
@@ -151,7 +157,7 @@ class GoldenConfig(CheckConfig):
 
 
 class ChecksConfig(_Strict):
-    invariance: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
+    invariance: InvarianceConfig = Field(default_factory=InvarianceConfig)  # type: ignore[arg-type]
     repeatability: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)  # type: ignore[arg-type]
     drift: DriftConfig = Field(default_factory=DriftConfig)  # type: ignore[arg-type]

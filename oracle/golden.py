@@ -14,10 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from oracle.config import Config
 from oracle.engines.base import Completion
 from oracle.errors import ConfigError
 
 FORMAT = "oracle-golden/1"
+
+
+def golden_path(config: Config) -> Path | None:
+    f = config.checks.golden.file
+    return config.resolve_path(f) if f else None
 
 
 def step_digests(c: Completion) -> list[str]:

@@ -237,11 +237,13 @@ class OracleSession:
     def run_config(self, config: Config, label: str, source: str, *, seed: int | None = None,
                    run_dir: Path | None = None, warn: bool = True) -> tuple[Report, Path]:
         """Run a parsed config into a fresh report folder; record it for the summary. Raises OracleError."""
+        from oracle.render.files import write_formats
         from oracle.runner import run
 
         run_dir = run_dir or self._run_dir(label)
         seed = self._seed(config, seed)
-        report = run(config.model_copy(update={"report_dir": str(run_dir)}), seed=seed, report_dir=run_dir)
+        report = run(config.model_copy(update={"report_dir": str(run_dir)}), seed=seed, report_dir=run_dir,
+                     views=[write_formats])
         path = run_dir / "report.json"
         self._record(RunRecord(label, source, report.seed, report.exit_code(),
                                {c.name: c.verdict for c in report.checks}, str(path), report.error))

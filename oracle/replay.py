@@ -1,18 +1,20 @@
-"""`oracle replay REPORT.json --trial ID`: rerun one trial of a report and show its divergence again."""
+"""`oracle replay REPORT.json --trial ID`: rerun one trial of a report and show its divergence again.
+
+The trial runs exactly as `oracle run` ran it: the solo reference and the trial each from a cold
+prefix cache, with the trial's own token budget, so a replay agrees with the report (shrink
+candidates included: they are trials of the report like any other).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from oracle.compare import Divergence, first_divergence
-from oracle.config import parse_config
-from oracle.engines import build_engine
-from oracle.engines.base import Mode, Request
+from oracle.config import Config, parse_config
+from oracle.engines.base import Mode
 from oracle.errors import ConfigError
-from oracle.report import load_report
-from oracle.runner import Plan, generate, resolve_model, target_sampling, trial_requests
+from oracle.report import DivergenceRecord, Report, load_report
 from oracle.schedule import Trial
 
 
@@ -21,35 +23,47 @@ class Replay:
     trial: Trial
     mode: Mode
     divergence: Divergence | None
-    recorded: dict[str, Any] | None  # the report's divergence record for this trial, if any
+    recorded: DivergenceRecord | None  # the report's divergence record for this trial, if any
 
 
-def find_trial(report: dict[str, Any], trial_id: int) -> tuple[Trial, dict[str, Any] | None]:
-    recorded = next((d for d in report.get("divergences", []) if d.get("trial_id") == trial_id), None)
-    if recorded and recorded.get("trial"):
-        return Trial.from_json(recorded["trial"]), recorded
-    row = next((t for t in report.get("schedule", []) if t["trial_id"] == trial_id), None)
+def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple[Trial, DivergenceRecord | None]:
+    recorded = next((d for d in report.divergences if d.trial_id == trial_id and d.trial is not None
+                     and (check is None or d.check == check)), None)
+    row = report.trial(trial_id)
+    if row is None and recorded is not None:
+        row = recorded.trial
     if row is None:
-        raise ConfigError(f"--trial: no trial {trial_id} in this report")
-    return Trial.from_json(row), None
+        ids = [t.trial_id for t in report.schedule]
+        span = f" (it has trials {min(ids)}..{max(ids)})" if ids else ""
+        raise ConfigError(f"--trial: no trial {trial_id} in this report{span}")
+    return Trial.from_json(row.model_dump()), recorded
+
+
+def report_config(report: Report, source: Path) -> Config:
+    return parse_config(report.config, source=str(source))
 
 
 def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay:
+    from oracle.engines import build_engine
+    from oracle.execute import fresh
+    from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
 
     report = load_report(report_path)
-    config = parse_config(report["config"], source=str(report_path))
+    config = report_config(report, report_path)
     trial, recorded = find_trial(report, trial_id)
-    mode = mode or ("production" if recorded and recorded.get("mode") == "production" else "invariant")
+    mode = mode or (recorded.mode if recorded else "invariant")
     model_dir = resolve_model(config)
-    plan = Plan(config, model_dir, load_targets(config, model_dir), [trial], int(report["seed"]),
+    plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
                 vocab_size_of(model_dir))
+    if trial.target >= len(plan.targets):
+        raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
+                          f"{len(plan.targets)}")
     engine = build_engine(config.engine, model_dir, mode)
     try:
-        target = plan.targets[trial.target]
-        solo = generate(engine, [Request(f"solo-{target.name}", target.token_ids, target_sampling(config))])[0]
+        solo = fresh(engine, [solo_request(plan, trial.target)])[0]
         requests, at = trial_requests(plan, trial)
-        out = generate(engine, requests, trial.max_num_batched_tokens)[at]
+        out = fresh(engine, requests, trial.max_num_batched_tokens)[at]
     finally:
         engine.close()
     return Replay(trial, mode, first_divergence(solo, out), recorded)

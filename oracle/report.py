@@ -1,31 +1,93 @@
-"""The Report: plain data, written as JSON, and the exit code it implies."""
+"""The Report: one pydantic model, written as report.json, read back by every reader.
+
+`report.schema.json` is generated from these models (`python -m oracle.report` rewrites it; a
+test checks the committed file is current), so the schema, the writer and the readers (replay,
+localize, the GitHub Action's helpers, the renderers) cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
+Requirement = Literal["required", "warn", "report"]
+# What made a divergence: the batch (what shared the target's passes), or run-to-run nondeterminism
+# (the target differed although it ran alone, or a trial differed from itself).
+Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENGINE = 3
 
+SCHEMA_ID = "oracle-report/2"
 
-@dataclass
-class CheckResult:
-    """One check's verdict. `requirement`: required | warn | report | off."""
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FillerRecord(_Model):
+    seed: int = Field(ge=0)
+    length: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+    arrival_step: int = Field(ge=0)
+    shared_prefix: int = Field(default=0, ge=0, description="leading tokens copied from the target's prompt")
+
+
+class TrialRecord(_Model):
+    """A trial as data: enough to run it again (`oracle replay REPORT --trial ID`)."""
+
+    trial_id: int = Field(ge=0)
+    target: int = Field(ge=0)
+    position: int = Field(ge=0)
+    target_arrival_step: int = Field(ge=0)
+    fillers: list[FillerRecord]
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    origin: Literal["schedule", "shrink"] = "schedule"
+    parent: int | None = Field(default=None, description="for a shrink candidate: the trial it was reduced from")
+
+
+class LocalizedOpRecord(_Model):
+    """The first op whose output differed for the target while its inputs were equal."""
+
+    module: str = Field(description="module path, e.g. model.layers.1.mlp.down_proj")
+    op: str = Field(description="aten op, e.g. aten.mm.default")
+    layer: int | None = None
+    forward_pass: int | None = Field(default=None, description="forward pass of the diverging run (0-based)")
+    engine_step: int | None = None
+    positions: list[int] = Field(default_factory=list, description="the target's token positions that differed")
+    shape: list[int] = Field(default_factory=list)
+    ulp: int | None = None
+    max_abs_diff: float | None = None
+    inputs_equal: bool | None = None
+    pass_evidence: dict[str, Any] = Field(default_factory=dict)
+    eager: bool | None = Field(default=None, description="the localizing rerun ran eagerly (no CUDA graphs or compile)")
+    still_diverged: bool = Field(default=True, description="the localizing rerun still diverged")
+    note: str = ""
+
+    def describe(self) -> str:
+        layer = f", layer {self.layer}" if self.layer is not None else ""
+        where = f", pass {self.forward_pass}" if self.forward_pass is not None else ""
+        step = f" (engine step {self.engine_step})" if self.engine_step is not None else ""
+        ulp = f", {self.ulp} ULP" if self.ulp is not None else ""
+        return f"{self.module} ({self.op}){layer}{where}{step}{ulp}"
+
+
+class CheckResult(_Model):
+    """One check's verdict. `requirement`: required | warn | report."""
 
     name: str
     requirement: str
     verdict: Verdict
-    trials: int = 0
-    divergent: int = 0
-    evidence: dict[str, Any] = field(default_factory=dict)
+    trials: int = Field(default=0, ge=0)
+    divergent: int = Field(default=0, ge=0)
+    evidence: dict[str, Any] = Field(default_factory=dict)
     message: str = ""
 
     @property
@@ -34,46 +96,51 @@ class CheckResult:
         return self.requirement == "required" and self.verdict in ("fail", "vacuous", "error")
 
 
-@dataclass
-class DivergenceRecord:
-    """One divergence: which check, target and trial; where it starts and how big it is."""
+class DivergenceRecord(_Model):
+    """One divergence: which check, target and trial; where it starts, how big, and what caused it."""
 
     check: str
-    mode: str
+    mode: Literal["invariant", "production"]
     target: str
     trial_id: int | None
-    trial: dict[str, Any] | None
+    trial: TrialRecord | None
     request_id: str
-    step: int
-    kind: str
+    step: int = Field(ge=0)
+    kind: Literal["token", "logprob", "logits", "length"]
     expected_token: int | None
     actual_token: int | None
     expected_logprob: float | None
     actual_logprob: float | None
-    ulp: int | None
-    max_abs_logits_diff: float | None
-    reference_margin: float | None
-    near_tie: bool | None
-    first_token_step: int | None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    localized_op: str | None = None
+    ulp: int | None = Field(default=None, ge=0)
+    max_abs_logits_diff: float | None = None
+    reference_margin: float | None = None
+    near_tie: bool | None = None
+    first_token_step: int | None = None
+    cause: Cause = "batch"
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    localized_op: LocalizedOpRecord | None = None
+
+    @property
+    def shrunk(self) -> bool:
+        return bool(self.evidence.get("shrunk"))
 
 
-@dataclass
-class Report:
+class Report(_Model):
     oracle_version: str
-    seed: int
+    seed: int = Field(ge=0)
     config: dict[str, Any]
-    config_digest: str
-    environment: dict[str, Any] = field(default_factory=dict)
-    checks: list[CheckResult] = field(default_factory=list)
-    divergences: list[DivergenceRecord] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    schedule: list[dict[str, Any]] = field(default_factory=list)  # every trial, replayable by trial_id
+    config_digest: str = Field(pattern="^[0-9a-f]{64}$")
+    environment: dict[str, Any] = Field(default_factory=dict)
+    checks: list[CheckResult] = Field(default_factory=list)
+    divergences: list[DivergenceRecord] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+    schedule: list[TrialRecord] = Field(default_factory=list, description="every trial run, replayable by id")
+    coverage: dict[str, int] = Field(default_factory=dict, description="condition -> trials that hit it")
     error: str | None = None
     complete: bool = False
 
     def exit_code(self) -> int:
+        """0 every required check passed, 1 one failed or was vacuous, 3 an engine error (written as `exit_code`)."""
         if self.error is not None:
             return EXIT_ENGINE
         return EXIT_FAILED if any(c.blocks for c in self.checks) else EXIT_OK
@@ -81,36 +148,53 @@ class Report:
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)
 
+    def trial(self, trial_id: int) -> TrialRecord | None:
+        return next((t for t in self.schedule if t.trial_id == trial_id), None)
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["exit_code"] = self.exit_code()
-        return d
+        return {**self.model_dump(mode="json"), "exit_code": self.exit_code()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def write(self, report_dir: Path) -> Path:
         """Write `report_dir/report.json` atomically (a reader never sees half a report)."""
         report_dir.mkdir(parents=True, exist_ok=True)
         path = report_dir / "report.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n")
+        tmp.write_text(self.to_json())
         os.replace(tmp, path)
         return path
 
 
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def load_report(path: Path) -> dict[str, Any]:
+def load_report(path: Path) -> Report:
+    """Read a report.json; ConfigError naming the file when it is missing or not an oracle report."""
     from oracle.errors import ConfigError
 
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path}: cannot read report ({e})") from e
     if not isinstance(data, dict) or "config" not in data:
         raise ConfigError(f"{path}: not an oracle report.json")
-    return data
+    data.pop("exit_code", None)
+    try:
+        return Report.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"{path}: not a report of this oracle version ({field}: {err['msg']})") from e
+
+
+def report_schema() -> dict[str, Any]:
+    schema = Report.model_json_schema(mode="serialization")
+    schema["properties"]["exit_code"] = {"type": "integer", "description": "the process's exit code"}
+    schema["required"] = [*schema.get("required", []), "exit_code"]
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
+            "title": "oracle report.json", **schema}
+
+
+if __name__ == "__main__":
+    out = Path(__file__).with_name("report.schema.json")
+    out.write_text(json.dumps(report_schema(), indent=2) + "\n")
+    print(f"wrote {out}")

@@ -1,24 +1,41 @@
-"""Trials drawn by hypothesis from the config's ranges.
+"""The schedule: N distinct trials drawn by a seeded generator that covers the config's ranges.
 
 A trial is plain data: which requests, in which order, when each arrives and what token budget
-the engine runs with. Fillers are described by a seed and a length, so a trial stays small
-and replayable; `filler_tokens` turns them into token ids.
+the engine runs with. Fillers are described by a seed, a length and how many of the target's
+prompt tokens they start with, so a trial stays small and replayable; `filler_tokens` turns
+them into token ids.
+
+The draw depends on the seed and the config alone (one `random.Random(seed)`, no global state,
+nothing read from loaded modules), so a seed gives the same schedule in the CLI, under pytest
+and in a plain script. It is stratified rather than uniform, because what real engines key
+their kernel choice on is not only the batch size:
+
+- batch sizes spread on a log scale over the range, plus every boundary size the range holds
+  (1, 2, 15-17, 255-257, 511-513: where kernels switch tiles or CUDA graphs are captured);
+- every target in turn; the target first, last, in the middle or anywhere in the batch;
+- fillers all short, all long or mixed (the packed query length of co-scheduled prefills);
+- fillers arriving with the target, staggered, or after it (decode-only vs mixed
+  prefill+decode passes); small and large token budgets (chunked prompts);
+- fillers that start with the target's prompt and arrive first, so that the target's prompt
+  hits the prefix cache inside the trial: a bug that needs a cache hit fails invariance.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
-from hypothesis import strategies as st
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 from oracle.config import ScheduleConfig
 
 # Batch sizes where kernels switch tiles or CUDA graphs are captured; always worth a trial.
 BOUNDARY_SIZES = (1, 2, 15, 16, 17, 255, 256, 257, 511, 512, 513)
+# A trial is redrawn at most this often when it repeats an earlier one.
+_MAX_REDRAWS = 32
+
+Origin = Literal["schedule", "shrink"]
 
 
 @dataclass(frozen=True)
@@ -27,11 +44,16 @@ class Filler:
     length: int
     max_tokens: int
     arrival_step: int
+    shared_prefix: int = 0  # leading tokens copied from the target's prompt (at most `length`)
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One execution plan: the target sits at `position` among the fillers."""
+    """One execution plan: the target sits at `position` among the fillers.
+
+    `origin` says why it ran: drawn by the schedule, or a reduction tried while shrinking the
+    trial `parent`.
+    """
 
     trial_id: int
     target: int  # index into the run's targets
@@ -39,10 +61,17 @@ class Trial:
     target_arrival_step: int
     fillers: tuple[Filler, ...]
     max_num_batched_tokens: int | None = None
+    origin: Origin = "schedule"
+    parent: int | None = None
 
     @property
     def batch_size(self) -> int:
         return len(self.fillers) + 1
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the engine runs: two trials with the same key are the same experiment."""
+        return (self.target, self.position, self.target_arrival_step, self.fillers, self.max_num_batched_tokens)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,19 +83,15 @@ class Trial:
             target_arrival_step=int(d["target_arrival_step"]),
             fillers=tuple(Filler(**f) for f in d["fillers"]),
             max_num_batched_tokens=d.get("max_num_batched_tokens"),
+            origin=d.get("origin", "schedule"), parent=d.get("parent"),
         )
 
 
-def filler_tokens(f: Filler, vocab_size: int) -> tuple[int, ...]:
+def filler_tokens(f: Filler, vocab_size: int, target_tokens: Sequence[int] = ()) -> tuple[int, ...]:
+    """The filler's prompt: `shared_prefix` tokens of the target's prompt, then seeded random tokens."""
+    shared = tuple(target_tokens[: min(f.shared_prefix, f.length)])
     rng = random.Random(f.seed)
-    return tuple(rng.randrange(vocab_size) for _ in range(f.length))
-
-
-def _sizes(lo: int, hi: int) -> st.SearchStrategy[int]:
-    edges = [b for b in BOUNDARY_SIZES if lo <= b <= hi]
-    ints = st.integers(lo, hi)
-    # Integers first: shrinking prefers the first branch, so a failure shrinks to its smallest size.
-    return st.one_of(ints, st.sampled_from(edges)) if edges else ints
+    return shared + tuple(rng.randrange(vocab_size) for _ in range(f.length - len(shared)))
 
 
 def boundary_sizes(cfg: ScheduleConfig) -> list[int]:
@@ -74,70 +99,96 @@ def boundary_sizes(cfg: ScheduleConfig) -> list[int]:
     return [b for b in BOUNDARY_SIZES if lo <= b <= hi]
 
 
-def trial_strategy(
-    cfg: ScheduleConfig, num_targets: int, batch_size: int | None = None
-) -> st.SearchStrategy[dict[str, Any]]:
-    """Strategy of trial fields (without the id): batch size, target and position, fillers, budget."""
-    sizes = st.just(batch_size) if batch_size is not None else _sizes(*cfg.batch_size)
-
-    @st.composite
-    def draw(data: st.DrawFn) -> dict[str, Any]:
-        # A handful of scalars per trial rather than choices per filler: hypothesis' generator
-        # mutates long choice sequences in place, which would keep repeating one batch size; the
-        # upper bounds still shrink, so a minimal trial has fillers of the minimum length.
-        batch = data(sizes)
-        base_seed = data(st.integers(0, 2**31 - 1))
-        len_hi = data(st.integers(*cfg.filler_len))
-        tokens_hi = data(st.integers(*cfg.filler_max_tokens))
-        arrival_hi = data(st.integers(*cfg.arrival_step))
-        rng = random.Random(base_seed)
-        fillers = tuple(
-            Filler(
-                seed=base_seed + i,
-                length=rng.randint(cfg.filler_len[0], len_hi),
-                max_tokens=rng.randint(cfg.filler_max_tokens[0], tokens_hi),
-                arrival_step=rng.randint(cfg.arrival_step[0], arrival_hi),
-            )
-            for i in range(batch - 1)
-        )
-        budget = data(st.integers(*cfg.max_num_batched_tokens)) if cfg.max_num_batched_tokens else None
-        return {
-            "target": data(st.integers(0, num_targets - 1)),
-            "position": data(st.integers(0, batch - 1)),
-            "target_arrival_step": data(st.integers(*cfg.arrival_step)),
-            "fillers": fillers,
-            "max_num_batched_tokens": budget,
-        }
-
-    return draw()
+def _log_spread(rng: random.Random, lo: int, hi: int, i: int, n: int) -> int:
+    """The i-th of n stratified draws, log-uniform over [lo, hi]."""
+    u = (i + rng.random()) / n
+    return min(hi, max(lo, int(math.exp(math.log(lo) + u * (math.log(hi + 1) - math.log(lo))))))
 
 
-def _collect(strategy: st.SearchStrategy[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
-    drawn: list[dict[str, Any]] = []
+class _Draw:
+    """One schedule's generator: stratified choices from one seeded `random.Random`."""
 
-    @hypothesis_seed(seed)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(fields: dict[str, Any]) -> None:
-        if fields not in drawn:
-            drawn.append(fields)
+    def __init__(self, cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> None:
+        self.cfg = cfg
+        self.target_lens = list(target_lens)
+        self.rng = random.Random(seed)
+        n = cfg.trials
+        lo, hi = cfg.batch_size
+        sizes = [_log_spread(self.rng, lo, hi, i, n) for i in range(n)]
+        # Every boundary size once (replacing log-spread draws at random slots), unless N is too small.
+        edges = boundary_sizes(cfg)
+        if len(edges) > n:
+            edges = [edges[round(k * (len(edges) - 1) / max(1, n - 1))] for k in range(n)]
+        for slot, size in zip(self.rng.sample(range(n), len(edges)), edges, strict=True):
+            sizes[slot] = size
+        self.sizes = sizes
+        order = list(range(len(target_lens)))
+        self.rng.shuffle(order)
+        self.targets = [order[i % len(order)] for i in range(n)]
+        budgets = cfg.max_num_batched_tokens
+        self.budgets = [_log_spread(self.rng, budgets[0], budgets[1], i, n) for i in range(n)] if budgets else None
+        if self.budgets:
+            self.rng.shuffle(self.budgets)
 
-    collect()
-    return drawn[:n]
+    def trial(self, i: int, trial_id: int, redraw: int = 0) -> Trial:
+        cfg, rng = self.cfg, self.rng
+        batch = self.sizes[i]
+        if redraw >= _MAX_REDRAWS // 2:
+            # This slot's size keeps giving trials already drawn (batch 1 of one target, say): another size.
+            batch = _log_spread(rng, *cfg.batch_size, 0, 1)
+        target = self.targets[i] if redraw < _MAX_REDRAWS // 2 else rng.randrange(len(self.target_lens))
+        place = i % 4
+        position = (0, batch - 1, batch // 2, rng.randrange(batch))[place]
+        a_lo, a_hi = cfg.arrival_step
+        target_arrival = rng.randint(a_lo, a_hi)
+        # How the fillers arrive relative to the target: together, staggered, or after it (mixed passes).
+        timing = rng.choice(("together", "staggered", "after"))
+        lengths = rng.choice(("short", "long", "mixed"))
+        f_lo, f_hi = cfg.filler_len
+        shared = batch > 1 and self.target_lens[target] > 1 and rng.random() < 0.25
+        fillers = []
+        for j in range(batch - 1):
+            length = {"short": rng.randint(f_lo, max(f_lo, min(f_hi, f_lo + (f_hi - f_lo) // 4))),
+                      "long": rng.randint(max(f_lo, f_hi - (f_hi - f_lo) // 4), f_hi),
+                      "mixed": rng.randint(f_lo, f_hi)}[lengths]
+            arrival = {"together": target_arrival, "staggered": rng.randint(a_lo, a_hi),
+                       "after": rng.randint(min(a_hi, target_arrival + 1), a_hi)}[timing]
+            prefix = 0
+            if shared and j == 0:
+                # The first filler starts with the target's prompt and arrives first: its blocks are
+                # cached by the time the target's prompt is scheduled.
+                prefix = rng.randint(1, self.target_lens[target])
+                length = max(length, prefix)
+                arrival = a_lo
+            fillers.append(Filler(seed=rng.randrange(2**31), length=length,
+                                  max_tokens=rng.randint(*cfg.filler_max_tokens), arrival_step=arrival,
+                                  shared_prefix=prefix))
+        if shared and target_arrival == a_lo and a_hi > a_lo:
+            target_arrival = rng.randint(a_lo + 1, a_hi)
+        budget = self.budgets[i] if self.budgets else None
+        return Trial(trial_id, target, position, target_arrival, tuple(fillers), budget)
 
 
-def draw_schedule(cfg: ScheduleConfig, num_targets: int, seed: int) -> list[Trial]:
-    """Draw `cfg.trials` trials with hypothesis' own engine, reproducibly from `seed`.
+def draw_schedule(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> list[Trial]:
+    """`cfg.trials` distinct trials for targets with prompts of `target_lens` tokens, from `seed`.
 
-    The first trials are the search's own (the same strategy and seed), so a search that finds
-    nothing has run exactly them; then one trial at each boundary batch size the range allows
-    (1, 2, 15, 16, 17, 255, ...) that the draw missed. Trials repeating an earlier one exactly
-    are dropped, so a narrow range may give fewer trials than asked for.
+    A trial that repeats an earlier one is redrawn; only where the ranges hold fewer distinct
+    trials than asked for (one target, batch size 1, nothing else to vary) is the schedule shorter.
     """
-    edges = boundary_sizes(cfg)
-    drawn = _collect(trial_strategy(cfg, num_targets), cfg.trials, seed)
-    missing = [b for b in edges if b not in {len(f["fillers"]) + 1 for f in drawn}]
-    keep = max(0, cfg.trials - len(missing))
-    extra = [_collect(trial_strategy(cfg, num_targets, b), 1, seed + b)[0] for b in missing][: cfg.trials]
-    return [Trial(trial_id=i, **f) for i, f in enumerate(drawn[:keep] + extra)]
+    if not target_lens:
+        return []
+    draw = _Draw(cfg, target_lens, seed)
+    seen: set[tuple[Any, ...]] = set()
+    trials: list[Trial] = []
+    for i in range(cfg.trials):
+        for redraw in range(_MAX_REDRAWS):
+            t = draw.trial(i, len(trials), redraw)
+            if t.key not in seen:
+                seen.add(t.key)
+                trials.append(t)
+                break
+    return trials
+
+
+def renumber(trial: Trial, trial_id: int, parent: int | None) -> Trial:
+    return replace(trial, trial_id=trial_id, origin="shrink", parent=parent)

@@ -41,9 +41,12 @@ class StepEvidence:
     """What one forward pass that computed a token of this request looked like.
 
     `num_seqs` and `num_tokens` count every sequence and token in that forward pass (the request
-    itself included); `is_prefill` is true for passes that processed prompt tokens, and
-    `chunked` when the prompt needed more than one pass. `token_index` is the index of the
-    generated token this pass sampled (None for a prefill chunk that sampled nothing).
+    itself included; `num_tokens` is the pass's packed query length); `is_prefill` is true for
+    passes that processed prompt tokens of this request, and `chunked` when its prompt needed more
+    than one pass. `token_index` is the index of the generated token this pass sampled (None for a
+    prefill chunk that sampled nothing). The fields after it describe the whole pass, as far as the
+    engine can tell (None where it cannot): what split-KV and varlen kernels pick their
+    configuration from.
     """
 
     engine_step: int
@@ -53,6 +56,14 @@ class StepEvidence:
     chunked: bool = False
     num_cached_tokens: int = 0
     token_index: int | None = None  # which generated token this pass sampled, if any
+    seq_position: int | None = None  # this request's index among the pass's sequences
+    num_prefill_tokens: int | None = None  # prompt tokens in the pass, all sequences
+    num_decode_tokens: int | None = None  # decode tokens in the pass, all sequences
+    max_query_len: int | None = None  # the longest query of any sequence in the pass
+    kv_len: int | None = None  # this request's KV length after the pass
+    max_kv_len: int | None = None  # the longest KV length of any sequence in the pass
+    has_chunked: bool | None = None  # some sequence in the pass was a chunk of a longer prompt
+    has_cache_hit: bool | None = None  # some sequence in the pass started from cached prefix blocks
 
 
 @dataclass

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from oracle.observer import Observer
 from oracle.report import Report
-from oracle.runner import Observer
 
 _STYLE = {"pass": "green", "fail": "red", "vacuous": "yellow", "error": "red", "skipped": "dim"}
 

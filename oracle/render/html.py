@@ -44,7 +44,7 @@ def _bars(title: str, data: list[tuple[str, float]], unit: str = "", fmt: str = 
 
 
 def _rate_by_batch(report: Report, check: str) -> list[tuple[str, float]]:
-    sizes = {t["trial_id"]: len(t["fillers"]) + 1 for t in report.schedule}
+    sizes = {t.trial_id: len(t.fillers) + 1 for t in report.schedule if t.origin == "schedule"}
     diverged = {d.trial_id for d in report.divergences if d.check == check and not d.evidence.get("shrunk")}
     total: Counter[int] = Counter(sizes.values())
     bad: Counter[int] = Counter(sizes[t] for t in diverged if t in sizes)

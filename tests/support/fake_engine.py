@@ -25,7 +25,8 @@ class FakeEngine:
     def __init__(self, model: Path, mode: Mode, *, diverge_from_batch: int | None = None,
                  diverge_mode: str = "invariant", diverge_step: int = 0, diverge_not_first: bool = False,
                  fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False,
-                 sleep_s: float = 0.0) -> None:
+                 sleep_s: float = 0.0, diverge_from_tokens: int | None = None,
+                 nondeterministic_from_call: int | None = None) -> None:
         self.mode = mode
         self.diverge_from_batch = diverge_from_batch
         self.diverge_mode = diverge_mode
@@ -35,6 +36,10 @@ class FakeEngine:
         self.always_alone = always_alone
         self.flip_token = flip_token
         self.sleep_s = sleep_s
+        # Diverge when the call's prompts hold this many tokens together (a fault keyed on the pass size).
+        self.diverge_from_tokens = diverge_from_tokens
+        # From this call on, every call perturbs every output a little differently (run-to-run noise).
+        self.nondeterministic_from_call = nondeterministic_from_call
         self.calls = 0
 
     def describe(self) -> dict[str, Any]:
@@ -50,16 +55,22 @@ class FakeEngine:
         if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
             raise RuntimeError("planted engine failure")
         batch = 1 if self.always_alone else len(requests)
+        tokens = sum(len(r.prompt_token_ids) for r in requests)
+        noise = (self.nondeterministic_from_call is not None and self.mode == self.diverge_mode
+                 and self.calls >= self.nondeterministic_from_call)
         out = []
         for pos, r in enumerate(requests):
             c = Completion(r.request_id, [], [], top2=[])
             for step in range(r.sampling.max_tokens):
                 token, lp = _value(r.prompt_token_ids, step)
                 planted = (
-                    self.diverge_from_batch is not None and self.mode == self.diverge_mode
-                    and batch >= self.diverge_from_batch and step >= self.diverge_step
+                    self.mode == self.diverge_mode and step >= self.diverge_step
                     and not (self.diverge_not_first and pos == 0)
+                    and ((self.diverge_from_batch is not None and batch >= self.diverge_from_batch)
+                         or (self.diverge_from_tokens is not None and tokens >= self.diverge_from_tokens))
                 )
+                if noise:
+                    lp = lp + self.calls * 2.0**-18
                 if planted:
                     lp = lp + 2.0**-20  # a few ULPs away
                     if self.flip_token:

@@ -23,6 +23,7 @@ import yaml
 
 from oracle.config import parse_config
 from oracle.github_action import command, escape_data, escape_property
+from oracle.render.files import write_formats
 from oracle.runner import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,14 +155,14 @@ def fake_config(model: Path, report_dir: Path, trials: int = 4, **options: Any) 
 @pytest.fixture
 def passing_report(fake_model: Path, tmp_path: Path) -> Path:
     out = tmp_path / "passing"
-    assert run(parse_config(fake_config(fake_model, out)), report_dir=out).exit_code() == 0
+    assert run(parse_config(fake_config(fake_model, out)), report_dir=out, views=[write_formats]).exit_code() == 0
     return out
 
 
 @pytest.fixture
 def failing_report(fake_model: Path, tmp_path: Path) -> Path:
     out = tmp_path / "failing"
-    assert run(parse_config(fake_config(fake_model, out, diverge_from_batch=2)), report_dir=out).exit_code() == 1
+    assert run(parse_config(fake_config(fake_model, out, diverge_from_batch=2)), report_dir=out, views=[write_formats]).exit_code() == 1
     return out
 
 

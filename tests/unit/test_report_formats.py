@@ -13,6 +13,7 @@ import pytest
 from conftest import write_fake_checkpoint
 
 from oracle.config import parse_config
+from oracle.render.files import write_formats
 from oracle.runner import run
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -30,7 +31,7 @@ def failing_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "schedule": {"trials": 15, "seed": 3, "batch_size": [1, 9], "repeat_trials": 2, "max_shrink_runs": 20},
         "report_dir": str(tmp / "report"),
     }
-    run(parse_config(cfg))
+    run(parse_config(cfg), views=[write_formats])
     return tmp / "report"
 
 
@@ -93,3 +94,9 @@ def test_html_renders_in_headless_chromium(failing_report: Path, tmp_path: Path)
     subprocess.run([*cmd[:-2], f"--screenshot={shot}", "--window-size=1200,1600",
                     (failing_report / "report.html").as_uri()], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_committed_schema_is_the_report_models_schema() -> None:
+    from oracle.report import report_schema
+
+    assert _schema() == json.loads(json.dumps(report_schema())), "run `python -m oracle.report` to regenerate it"

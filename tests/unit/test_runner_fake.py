@@ -40,8 +40,9 @@ def test_planted_invariant_fault_fails_invariance(fake_model: Path, tmp_path: Pa
     inv = report.check("invariance")
     assert inv is not None and inv.verdict == "fail" and report.exit_code() == 1
     recs = [d for d in report.divergences if d.check == "invariance"]
-    assert recs and all(d.step == 2 and d.kind == "logprob" and d.trial["fillers"] is not None for d in recs)
-    assert all(len(d.trial["fillers"]) + 1 >= 5 for d in recs)  # type: ignore[index]
+    assert recs and all(d.step == 2 and d.kind == "logprob" and d.trial is not None for d in recs)
+    assert all(len(d.trial.fillers) + 1 >= 5 for d in recs)  # type: ignore[union-attr]
+    assert all(d.cause == "batch" for d in recs)
     assert all(d.ulp is not None and d.ulp > 0 for d in recs)
 
 
@@ -87,26 +88,62 @@ def test_shrinks_planted_fault_to_batch_7_target_second_and_replays(
     report = run(parse_config(cfg))
     inv = report.check("invariance")
     assert inv is not None and inv.verdict == "fail"
-    minimal = inv.evidence["search"]["minimal_trial"]
-    assert len(minimal["fillers"]) + 1 == 7 and minimal["position"] == 1
-    assert all(f["length"] == 1 and f["arrival_step"] == 0 for f in minimal["fillers"])
-    shrunk = [d for d in report.divergences if d.evidence.get("shrunk")]
+    shrink = inv.evidence["shrink"]
+    assert shrink["minimal"] is True and "(minimal)" in inv.message
+    minimal = report.trial(shrink["smallest_trial"])
+    assert minimal is not None and minimal.origin == "shrink" and minimal.parent is not None
+    assert len(minimal.fillers) + 1 == 7 and minimal.position == 1
+    assert all(f.length == 1 and f.arrival_step == 0 for f in minimal.fillers)
+    shrunk = [d for d in report.divergences if d.shrunk]
     assert len(shrunk) == 1 and shrunk[0].trial == minimal
+    # Every shrink candidate is a trial of the report, numbered after the schedule's 40.
+    ids = [t.trial_id for t in report.schedule]
+    assert ids == list(range(len(ids))) and len(ids) == 40 + shrink["runs"]
+    assert set(shrink["tried"]) == {t.trial_id for t in report.schedule if t.origin == "shrink"}
     # oracle replay reruns that trial from the report and shows the same divergence.
     code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(shrunk[0].trial_id)])
     out = capsys.readouterr().out
     assert code == 1 and "batch 7" in out and "position 1" in out and "same as the report" in out
 
 
-def test_failure_in_database_is_replayed_first(fake_model: Path, tmp_path: Path) -> None:
-    cfg = _config(fake_model, tmp_path, diverge_from_batch=7, diverge_not_first=True)
-    cfg["schedule"].update(trials=40, batch_size=[1, 40])
-    first = run(parse_config(cfg))
-    assert first.check("invariance").evidence["search"]["runs"] > 1  # type: ignore[union-attr]
-    cfg["schedule"]["seed"] = 8  # another schedule: the stored failure still comes first
-    second = run(parse_config(cfg))
-    search = second.check("invariance").evidence["search"]  # type: ignore[union-attr]
-    assert search["runs"] == 1 and search["replayed_from_database"]
+def test_fault_keyed_on_pass_size_shrinks_to_batch_2_with_a_longer_filler(fake_model: Path, tmp_path: Path) -> None:
+    # Diverges once the call's prompts hold 60 tokens: many short fillers are traded for one long one.
+    cfg = _config(fake_model, tmp_path, diverge_from_tokens=60)
+    cfg["schedule"].update(trials=30, batch_size=[1, 40], filler_len=[1, 80])
+    report = run(parse_config(cfg))
+    inv = report.check("invariance")
+    assert inv is not None and inv.verdict == "fail"
+    minimal = report.trial(inv.evidence["shrink"]["smallest_trial"])
+    assert minimal is not None and len(minimal.fillers) == 1 and inv.evidence["shrink"]["minimal"]
+    assert minimal.fillers[0].length >= 60 - 5  # the target's prompt is at most 5 tokens
+
+
+def test_nondeterminism_is_labelled_as_such(fake_model: Path, tmp_path: Path) -> None:
+    # Every call after the references perturbs the outputs: batch-1 trials differ too, and repeats disagree.
+    cfg = _config(fake_model, tmp_path, nondeterministic_from_call=4)
+    report = run(parse_config(cfg))
+    inv, rep = report.check("invariance"), report.check("repeatability")
+    assert inv is not None and inv.verdict == "fail" and "nondeterminism" in inv.message
+    assert rep is not None and rep.verdict == "fail" and "nondeterminism" in rep.message
+    recs = [d for d in report.divergences if d.check == "invariance" and not d.shrunk]
+    alone = [d for d in recs if d.trial is not None and not d.trial.fillers]
+    assert alone and all(d.cause == "nondeterminism" for d in alone)
+    assert all(d.cause == "nondeterminism" for d in report.divergences if d.check == "repeatability")
+
+
+def test_every_trial_run_is_in_the_report_and_replays_agree(fake_model: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(fake_model, tmp_path, diverge_from_batch=4)
+    cfg["schedule"].update(trials=12, max_shrink_runs=6)
+    report = run(parse_config(cfg))
+    assert report.check("invariance").evidence["shrink"]["minimal"] is False  # type: ignore[union-attr]
+    assert "smallest found" in report.check("invariance").message  # type: ignore[union-attr]
+    diverged = {d.trial_id for d in report.divergences if d.check == "invariance"}
+    for t in report.schedule:
+        code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(t.trial_id)])
+        out = capsys.readouterr().out
+        assert code == (1 if t.trial_id in diverged else 0), out
+        assert "the report had" not in out
 
 
 def test_fidelity_fails_when_invariant_kernels_are_wrong(fake_model: Path, tmp_path: Path) -> None:

@@ -72,9 +72,9 @@ def test_schedule_is_reproducible_and_holds_boundary_sizes() -> None:
     from oracle.schedule import draw_schedule
 
     cfg = ScheduleConfig(trials=40, batch_size=(1, 300), filler_len=(1, 4))
-    a = draw_schedule(cfg, 3, seed=11)
-    assert a == draw_schedule(cfg, 3, seed=11)
-    assert a != draw_schedule(cfg, 3, seed=12)
+    a = draw_schedule(cfg, [5, 9, 30], seed=11)
+    assert a == draw_schedule(cfg, [5, 9, 30], seed=11)
+    assert a != draw_schedule(cfg, [5, 9, 30], seed=12)
     sizes = {t.batch_size for t in a}
     assert {1, 2, 15, 16, 17, 255, 256, 257} <= sizes
     assert all(1 <= t.batch_size <= 300 and 0 <= t.position < t.batch_size for t in a)

@@ -166,14 +166,9 @@ class NativeEngine:
         num_tokens = int(inputs.input_ids.shape[0])
         sampled: dict[int, int] = {}
         row = 0
-        for item in batch:
+        for item, ev in zip(batch, self._evidence(step, batch, num_tokens), strict=True):
             seq = item.seq
-            outs[seq.index].evidence.append(StepEvidence(
-                engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
-                chunked=item.is_prefill and (seq.num_prefill_passes > 0 or not item.completes),
-                num_cached_tokens=seq.num_cached_tokens,
-                token_index=seq.num_generated if item.completes else None,
-            ))
+            outs[seq.index].evidence.append(ev)
             if not item.completes:
                 continue
             token = self._sample(logits[row], requests[seq.index], generators[seq.index])
@@ -181,6 +176,28 @@ class NativeEngine:
             sampled[seq.index] = token
             row += 1
         return sampled
+
+    @staticmethod
+    def _evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list[StepEvidence]:
+        """What each sequence of the pass saw of it: its own place and the pass's shape."""
+        chunked = [item.is_prefill and (item.seq.num_prefill_passes > 0 or not item.completes) for item in batch]
+        kv_lens = [item.seq.num_computed_tokens + item.num_new_tokens for item in batch]
+        prefill_tokens = sum(item.num_new_tokens for item in batch if item.is_prefill)
+        shape: dict[str, Any] = {
+            "num_prefill_tokens": prefill_tokens, "num_decode_tokens": num_tokens - prefill_tokens,
+            "max_query_len": max(item.num_new_tokens for item in batch), "max_kv_len": max(kv_lens),
+            "has_chunked": any(chunked),
+            "has_cache_hit": any(item.is_prefill and item.seq.num_cached_tokens > 0 for item in batch),
+        }
+        return [
+            StepEvidence(
+                engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
+                chunked=chunked[i], num_cached_tokens=item.seq.num_cached_tokens,
+                token_index=item.seq.num_generated if item.completes else None,
+                seq_position=i, kv_len=kv_lens[i], **shape,
+            )
+            for i, item in enumerate(batch)
+        ]
 
     def _prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         ids: list[int] = []

@@ -1,0 +1,211 @@
+"""execute: run one mode's share of a plan on one engine; the result is frozen data for the judge.
+
+Each mode gets its own engine, built once and closed before the next (a process-wide mode such
+as vLLM's never shares a process with the other). Every engine call starts from a cold prefix
+cache, so a trial's outcome never hangs on the trials before it; warm caches are exercised
+inside trials (fillers that share the target's prefix and arrive first) and by the
+prefix_cache check.
+
+In invariant mode a failing schedule trial is shrunk (oracle.shrink); every candidate the
+shrinker runs is a trial of this run (origin `shrink`) and lands in the report with the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from oracle.compare import first_divergence
+from oracle.engines.base import Completion, Engine, Mode, Request
+from oracle.errors import EngineError, OracleError
+from oracle.observer import Observer
+from oracle.plan import Plan, solo_request, target_sampling, trial_requests
+from oracle.schedule import Trial
+from oracle.shrink import ShrinkResult, shrink
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """Everything one mode produced, target outputs only. Read-only once the mode has run."""
+
+    mode: Mode
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    solo: Mapping[int, Completion] = field(default_factory=dict)  # target -> its solo run
+    trials: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the target's outputs
+    repeats: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the same trial again
+    prefill: Mapping[tuple[int, int], Completion] = field(default_factory=dict)  # (target, step) -> re-prefilled
+    prefix: Mapping[int, tuple[Completion, Completion]] = field(default_factory=dict)  # target -> (cold, warm)
+    prefix_note: str = ""
+    shrink: ShrinkResult | None = None
+    shrink_trials: tuple[Trial, ...] = ()  # candidates the shrinker ran (ids after the schedule's)
+    localized: Mapping[int, Any] = field(default_factory=dict)  # trial id -> LocalizedOp
+    seconds: float = 0.0
+
+
+def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+    """engine.generate with every failure turned into EngineError (exit 3)."""
+    try:
+        out = engine.generate(requests, budget) if budget else engine.generate(requests)
+    except OracleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any engine failure becomes exit 3 with a partial report
+        raise EngineError(f"engine raised {type(e).__name__}: {e}") from e
+    if len(out) != len(requests):
+        raise EngineError(f"engine returned {len(out)} completions for {len(requests)} requests")
+    return out
+
+
+def fresh(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+    """generate() from a cold prefix cache."""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
+    return generate(engine, requests, budget)
+
+
+# (engine, plan, trial, solo completion, trial completion) -> LocalizedOp or None
+Localizer = Callable[[Engine, Plan, Trial], Any]
+
+
+class ModeExecution:
+    """Runs one mode; what completed is kept, so an engine failure or a signal still leaves results."""
+
+    def __init__(self, plan: Plan, mode: Mode, observer: Observer, build: Callable[[Mode], Engine],
+                 localizer: Localizer | None = None) -> None:
+        self.plan, self.mode, self.observer, self.build, self.localizer = plan, mode, observer, build, localizer
+        self.engine: Engine | None = None
+        self.describe: dict[str, Any] = {}
+        self.solo: dict[int, Completion] = {}
+        self.trials: dict[int, Completion] = {}
+        self.repeats: dict[int, Completion] = {}
+        self.prefill: dict[tuple[int, int], Completion] = {}
+        self.prefix: dict[int, tuple[Completion, Completion]] = {}
+        self.prefix_note = ""
+        self.shrink: ShrinkResult | None = None
+        self.shrink_trials: list[Trial] = []
+        self.localized: dict[int, Any] = {}
+        self.seconds = 0.0
+        self.divergent = 0
+
+    def result(self) -> ModeResult:
+        ro = MappingProxyType
+        return ModeResult(
+            self.mode, ro(dict(self.describe)), ro(dict(self.solo)), ro(dict(self.trials)), ro(dict(self.repeats)),
+            ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
+            ro(dict(self.localized)), self.seconds,
+        )
+
+    def run_trial(self, trial: Trial) -> Completion:
+        assert self.engine is not None
+        requests, at = trial_requests(self.plan, trial)
+        out = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
+        self.trials[trial.trial_id] = out
+        return out
+
+    def diverges(self, trial: Trial) -> bool:
+        return first_divergence(self.solo[trial.target], self.run_trial(trial)) is not None
+
+    def run(self) -> None:
+        cfg = self.plan.config
+        checks = cfg.checks
+        plan = self.plan
+        invariant = self.mode == "invariant"
+        n_repeat = min(cfg.schedule.repeat_trials, len(plan.trials))
+        n_prefill = len(plan.targets) * checks.prefill_decode.steps
+        if not invariant or checks.prefill_decode.requirement == "off":
+            n_prefill = 0
+        self.observer.phase(self.mode, len(plan.targets) + len(plan.trials) + n_repeat + n_prefill)
+        t0 = time.perf_counter()
+        self.engine = self.build(self.mode)
+        self.describe = self.engine.describe()
+        try:
+            for i in range(len(plan.targets)):
+                self.solo[i] = fresh(self.engine, [solo_request(plan, i)])[0]
+                self.observer.advance(0)
+            for trial in plan.trials:
+                self.divergent += self.diverges(trial)
+                self.observer.advance(self.divergent)
+            for trial in plan.trials[:n_repeat]:
+                requests, at = trial_requests(plan, trial)
+                self.repeats[trial.trial_id] = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
+                self.observer.advance(self.divergent)
+            if invariant and checks.invariance.requirement != "off":
+                self._shrink_and_localize()
+            if n_prefill:
+                self._prefill_decode(checks.prefill_decode.steps)
+            if invariant and checks.prefix_cache.requirement != "off":
+                self._prefix_cache()
+        finally:
+            self.seconds = time.perf_counter() - t0
+            # Again at the end: what an engine learns while running (which products took which path).
+            with contextlib.suppress(Exception):  # an engine that died keeps its first description
+                self.describe = self.engine.describe()
+            self.engine.close()
+            self.observer.done()
+
+    def _failing(self) -> list[Trial]:
+        return [t for t in self.plan.trials if t.trial_id in self.trials
+                and first_divergence(self.solo[t.target], self.trials[t.trial_id]) is not None]
+
+    def _shrink_and_localize(self) -> None:
+        failing = self._failing()
+        if not failing:
+            return
+        first = failing[0]
+        cfg = self.plan.config.schedule
+        if cfg.shrink and cfg.max_shrink_runs > 0:
+            next_id = len(self.plan.trials)
+
+            def new_id(cand: Trial, parent: int) -> Trial:
+                t = replace(cand, trial_id=next_id + len(self.shrink_trials), origin="shrink", parent=parent)
+                self.shrink_trials.append(t)
+                return t
+
+            self.observer.phase("shrink", cfg.max_shrink_runs)
+
+            def fails(t: Trial) -> bool:
+                out = self.diverges(t)
+                self.observer.advance(0)
+                return out
+
+            try:
+                self.shrink = shrink(first, fails, cfg, cfg.max_shrink_runs, new_id)
+            finally:
+                self.observer.done()
+        if self.localizer is None or self.plan.config.checks.invariance.localize == "off":
+            return
+        chosen = failing if self.plan.config.checks.invariance.localize == "all" else [first]
+        if self.shrink is not None and self.shrink.smallest is not first:
+            chosen = [*chosen, self.shrink.smallest]
+        assert self.engine is not None
+        for trial in chosen:
+            self.localized[trial.trial_id] = self.localizer(self.engine, self.plan, trial)
+
+    def _prefix_cache(self) -> None:
+        """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
+        assert self.engine is not None
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if reset is None or not self.describe.get("enable_prefix_caching"):
+            self.prefix_note = "the engine runs without prefix caching (engine.enable_prefix_caching)"
+            return
+        for t in range(len(self.plan.targets)):
+            reset()
+            req = solo_request(self.plan, t, "prefix")
+            cold = generate(self.engine, [req])[0]
+            warm = generate(self.engine, [req])[0]
+            self.prefix[t] = (cold, warm)
+
+    def _prefill_decode(self, steps: int) -> None:
+        assert self.engine is not None
+        for t, target in enumerate(self.plan.targets):
+            ref = self.solo[t]
+            n = len(ref.token_ids)
+            for i in sorted({round(k * (n - 1) / max(1, steps - 1)) for k in range(steps)})[:steps]:
+                prompt = target.token_ids + tuple(ref.token_ids[:i])
+                req = Request(f"prefill-{target.name}-{i}", prompt, target_sampling(self.plan.config, 1))
+                self.prefill[(t, i)] = fresh(self.engine, [req])[0]
+                self.observer.advance(self.divergent)

@@ -1,0 +1,473 @@
+"""judge: a table of pure check functions over the frozen results of both modes.
+
+Each check takes a `Runs` (plan, environment and the per-mode results) and returns a `Judged`:
+its CheckResult and the divergence records it found. Nothing here runs an engine or writes a
+report; `judge()` calls every enabled check in order and `coverage()` counts what the schedule
+exercised. All comparisons are bitwise (oracle.compare) except fidelity, which compares
+invariant solo against production solo within the config's tolerances.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from oracle.compare import Divergence, first_divergence
+from oracle.config import Config
+from oracle.engines.base import Completion, StepEvidence
+from oracle.execute import ModeResult
+from oracle.prompts import Target
+from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord
+from oracle.schedule import Trial
+
+KV_BOUNDARIES = (64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the checks read: the plan's data and both modes' frozen results (either may be missing)."""
+
+    config: Config
+    targets: tuple[Target, ...]
+    trials: Mapping[int, Trial]  # every trial run: the schedule's and the shrinker's
+    inv: ModeResult | None
+    prod: ModeResult | None
+    environment: Mapping[str, Any]
+    golden: Mapping[str, Any] | None = None
+
+    def mode(self, name: str) -> ModeResult | None:
+        return self.inv if name == "invariant" else self.prod
+
+    @property
+    def schedule_ids(self) -> list[int]:
+        return [i for i, t in self.trials.items() if t.origin == "schedule"]
+
+
+@dataclass(frozen=True)
+class Judged:
+    result: CheckResult
+    divergences: tuple[DivergenceRecord, ...] = ()
+
+
+def _localized(op: Any) -> LocalizedOpRecord | None:
+    if op is None:
+        return None
+    data = op.to_json() if hasattr(op, "to_json") else op
+    return LocalizedOpRecord.model_validate(data)
+
+
+def record(runs: Runs, check: str, mode: str, trial: Trial | None, target: int, actual: Completion,
+           d: Divergence, cause: Cause = "batch", localized: Any = None, **extra: Any) -> DivergenceRecord:
+    margin = d.reference_margin
+    ev = next((e for e in actual.evidence if e.token_index == d.step), None)
+    return DivergenceRecord(
+        check=check, mode=mode, target=runs.targets[target].name,  # type: ignore[arg-type]
+        trial_id=trial.trial_id if trial else None,
+        trial=TrialRecord.model_validate(trial.to_json()) if trial else None,
+        request_id=actual.request_id, step=d.step, kind=d.kind,  # type: ignore[arg-type]
+        expected_token=d.expected_token, actual_token=d.actual_token,
+        expected_logprob=d.expected_logprob, actual_logprob=d.actual_logprob, ulp=d.ulp,
+        max_abs_logits_diff=d.max_abs_logits_diff, reference_margin=margin,
+        near_tie=None if margin is None else margin < runs.config.checks.fidelity.near_tie,
+        first_token_step=d.first_token_step, cause=cause,
+        evidence={**(asdict(ev) if ev else {}), **extra}, localized_op=_localized(localized),
+    )
+
+
+def batch_evidence(runs: Runs, completions: Mapping[int, Completion]) -> dict[str, Any]:
+    """How often targets really shared forward passes: without this a pass can be vacuous."""
+    shared = {tid: c.max_batch for tid, c in completions.items()}
+    return {
+        "trials_batched": sum(m >= 2 for m in shared.values()),
+        "max_seqs_shared": max(shared.values(), default=0),
+        "seqs_shared_histogram": {str(k): v for k, v in sorted(Counter(shared.values()).items())},
+        "scheduled_batch_sizes": sorted({runs.trials[t].batch_size for t in completions if t in runs.trials}),
+        "trials_chunked_prefill": sum(any(e.chunked for e in c.evidence) for c in completions.values()),
+        "trials_with_cache_hits": sum(any(e.num_cached_tokens > 0 for e in c.evidence) for c in completions.values()),
+    }
+
+
+def _cause(result: ModeResult, trial_id: int, actual: Completion) -> Cause:
+    """Nondeterminism when the target never shared a pass, or the same trial disagreed with itself."""
+    again = result.repeats.get(trial_id)
+    if actual.max_batch <= 1 or (again is not None and first_divergence(actual, again) is not None):
+        return "nondeterminism"
+    return "batch"
+
+
+def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
+    """Every scheduled trial's target vs that target's solo run in the same mode, bitwise."""
+    result = runs.mode(mode)
+    assert result is not None
+    scheduled = {tid: c for tid, c in result.trials.items() if runs.trials[tid].origin == "schedule"}
+    ev = batch_evidence(runs, scheduled)
+    recs: list[DivergenceRecord] = []
+    for tid, actual in scheduled.items():
+        trial = runs.trials[tid]
+        if trial.target not in result.solo:
+            continue
+        d = first_divergence(result.solo[trial.target], actual)
+        if d is not None:
+            recs.append(record(runs, name, mode, trial, trial.target, actual, d, _cause(result, tid, actual),
+                               result.localized.get(tid)))
+    n = len(scheduled)
+    if recs:
+        token_steps = [r.first_token_step for r in recs if r.first_token_step is not None]
+        ev.update({
+            "divergent_fraction": len(recs) / n,
+            "first_divergence_steps": {str(k): v for k, v in sorted(Counter(r.step for r in recs).items())},
+            "first_token_divergence_steps": {str(k): v for k, v in sorted(Counter(token_steps).items())},
+            "token_divergences": len(token_steps),
+            "max_ulp": max((r.ulp or 0) for r in recs),
+            "nondeterministic": sum(r.cause == "nondeterminism" for r in recs),
+        })
+    if name == "drift":
+        return _drift_verdict(runs, requirement, ev, recs, n)
+    shrunk = _shrink_evidence(runs, result, ev) if name == "invariance" else []
+    recs += shrunk
+    if n == 0:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message="no trial completed"), tuple(recs))
+    failing = [r for r in recs if not r.shrunk]
+    if failing or shrunk:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(failing), evidence=ev,
+                                  message=_failure_message(failing, shrunk, n, ev)), tuple(recs))
+    if ev["trials_batched"] == 0:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", trials=n, evidence=ev,
+                                  message="no trial put a target in a forward pass with another sequence"))
+    return Judged(CheckResult(name=name, requirement=requirement, verdict="pass", trials=n, evidence=ev,
+                              message=f"{n} trials bitwise equal to the solo reference, "
+                                      f"{ev['trials_batched']} batched"))
+
+
+def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
+                     ev: dict[str, Any]) -> str:
+    nondet = sum(r.cause == "nondeterminism" for r in failing)
+    parts = [f"{len(failing)} of {n} trials diverged from the solo reference"]
+    if nondet:
+        parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or the trial "
+                     "disagreed with itself), not the batch")
+    s = ev.get("shrink")
+    if s is not None:
+        size = "minimal" if s["minimal"] else f"smallest found in {s['runs']} shrink runs"
+        if shrunk:
+            parts.append(f"shrunk to trial {shrunk[0].trial_id} of batch {len(shrunk[0].trial.fillers) + 1} "  # type: ignore[union-attr]
+                         f"({size})")
+        else:
+            parts.append(f"trial {s['start_trial']} did not shrink ({size})")
+    op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
+    if op is not None:
+        parts.append(f"first diverging op: {op.describe()}")
+    return "; ".join(parts)
+
+
+def _shrink_evidence(runs: Runs, result: ModeResult, ev: dict[str, Any]) -> list[DivergenceRecord]:
+    s = result.shrink
+    if s is None:
+        return []
+    ev["shrink"] = {"start_trial": s.start.trial_id, "smallest_trial": s.smallest.trial_id, "minimal": s.minimal,
+                    "runs": s.runs, "tried": s.tried}
+    if s.smallest is s.start:
+        return []
+    t = s.smallest
+    out = result.trials.get(t.trial_id)
+    if out is None or t.target not in result.solo:
+        return []
+    d = first_divergence(result.solo[t.target], out)
+    if d is None:
+        return []
+    return [record(runs, "invariance", "invariant", t, t.target, out, d, _cause(result, t.trial_id, out),
+                   result.localized.get(t.trial_id), shrunk=True, minimal=s.minimal)]
+
+
+def _drift_verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
+                   n: int) -> Judged:
+    cfg = runs.config.checks.drift
+    msg = (f"{len(recs)} of {n} production trials diverged from production solo" if recs
+           else f"no production divergence in {n} trials")
+    over = []
+    if n and cfg.max_divergent_fraction is not None and len(recs) / n > cfg.max_divergent_fraction:
+        over.append(f"divergent fraction {len(recs) / n:.3f} > {cfg.max_divergent_fraction}")
+    if cfg.max_ulp is not None and recs and ev["max_ulp"] > cfg.max_ulp:
+        over.append(f"max ULP {ev['max_ulp']} > {cfg.max_ulp}")
+    if over:
+        return Judged(CheckResult(name="drift", requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(recs), evidence=ev, message=msg + "; " + "; ".join(over)),
+                      tuple(recs))
+    verdict = "vacuous" if n == 0 or ev["trials_batched"] == 0 else "pass"
+    return Judged(CheckResult(name="drift", requirement=requirement, verdict=verdict, trials=n,  # type: ignore[arg-type]
+                              divergent=len(recs), evidence=ev, message=msg), tuple(recs))
+
+
+def invariance(runs: Runs, requirement: str) -> Judged:
+    return against_solo(runs, "invariance", requirement, "invariant")
+
+
+def drift(runs: Runs, requirement: str) -> Judged:
+    return against_solo(runs, "drift", requirement, "production")
+
+
+def repeatability(runs: Runs, requirement: str) -> Judged:
+    n = 0
+    recs: list[DivergenceRecord] = []
+    for result in (runs.inv, runs.prod):
+        if result is None:
+            continue
+        for tid, again in result.repeats.items():
+            n += 1
+            d = first_divergence(result.trials[tid], again)
+            if d is not None:
+                t = runs.trials[tid]
+                recs.append(record(runs, "repeatability", result.mode, t, t.target, again, d, "nondeterminism"))
+    ev = {"modes": [r.mode for r in (runs.inv, runs.prod) if r is not None], "repeated": n}
+    if n == 0:
+        return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message="no trial was repeated"))
+    if recs:
+        return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(recs), evidence=ev,
+                                  message=f"{len(recs)} of {n} repeated trials differed: run-to-run "
+                                          "nondeterminism"), tuple(recs))
+    return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+                              message=f"{n} repeated trials bitwise equal"))
+
+
+def fidelity(runs: Runs, requirement: str) -> Judged:
+    """Invariant solo vs production solo: tokens agree except at near ties; logprob diff and KL bounded."""
+    cfg = runs.config.checks.fidelity
+    inv, prod = runs.inv, runs.prod
+    max_lp = 0.0
+    max_kl: float | None = None
+    problems: list[str] = []
+    n = 0
+    for t, ref in (prod.solo.items() if prod and inv else ()):
+        if t not in inv.solo:  # type: ignore[union-attr]
+            continue
+        n += 1
+        ours = inv.solo[t]  # type: ignore[union-attr]
+        for i in range(min(len(ref.token_ids), len(ours.token_ids))):
+            if ref.token_ids[i] != ours.token_ids[i]:
+                margin = ref.top2[i][0] - ref.top2[i][1] if ref.top2 else None
+                if margin is None or margin >= cfg.near_tie:
+                    problems.append(f"{runs.targets[t].name} step {i}: token {ours.token_ids[i]} vs "
+                                    f"{ref.token_ids[i]} at margin {margin}")
+                break  # after a token flip the continuations are different texts
+            max_lp = max(max_lp, abs(ref.logprobs[i] - ours.logprobs[i]))
+            if ref.logits is not None and ours.logits is not None:
+                max_kl = max(max_kl or 0.0, _kl(ref.logits[i], ours.logits[i]))
+    ev = {"targets": n, "max_abs_logprob_diff": max_lp, "max_kl": max_kl,
+          "tolerances": {"logprob": cfg.max_logprob_diff, "kl": cfg.max_kl, "near_tie": cfg.near_tie}}
+    if max_lp > cfg.max_logprob_diff:
+        problems.append(f"max |dlogprob| {max_lp:.3g} > {cfg.max_logprob_diff}")
+    if max_kl is not None and max_kl > cfg.max_kl:
+        problems.append(f"max KL {max_kl:.3g} > {cfg.max_kl}")
+    if n == 0:
+        return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message="no target ran in both modes"))
+    if problems:
+        return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(problems), evidence=ev, message="; ".join(problems[:3])))
+    return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+                              message=f"invariant within {max_lp:.2g} logprob of production"))
+
+
+def negative_control(runs: Runs, requirement: str) -> Judged:
+    if runs.prod is None:
+        return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="vacuous",
+                                  message="production mode did not run"))
+    d = drift(runs, "report").result
+    if d.divergent:
+        return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="pass",
+                                  trials=d.trials, divergent=d.divergent,
+                                  message="production diverged, so the schedule can tell a batch-variant "
+                                          "engine apart"))
+    return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="vacuous", trials=d.trials,
+                              message="production never diverged: this schedule cannot tell a batch-variant "
+                                      "engine from an invariant one (widen batch sizes, lengths or budgets)"))
+
+
+def prefill_decode(runs: Runs, requirement: str) -> Judged:
+    """Step i's output in decode == the output of prefilling the prompt plus tokens[:i], bitwise."""
+    inv = runs.inv
+    assert inv is not None
+    recs: list[DivergenceRecord] = []
+    for (t, step), again in inv.prefill.items():
+        d = first_divergence(_step_of(inv.solo[t], step), again)
+        if d is not None:
+            d = Divergence(step, d.kind, d.expected_token, d.actual_token, d.expected_logprob,
+                           d.actual_logprob, d.ulp, d.max_abs_logits_diff, d.reference_margin,
+                           None if d.first_token_step is None else step)
+            recs.append(record(runs, "prefill_decode", "invariant", None, t, again, d, "prefill"))
+    n = len(inv.prefill)
+    if n == 0:
+        return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="vacuous",
+                                  message="nothing re-prefilled"))
+    if recs:
+        return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(recs), message=f"{len(recs)} of {n} re-prefilled steps differ "
+                                                               "from decode"), tuple(recs))
+    return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="pass", trials=n,
+                              message=f"{n} generated steps bitwise equal when their prefix is prefilled again"))
+
+
+def prefix_cache(runs: Runs, requirement: str) -> Judged:
+    """A target run with its prefix cached (warm) == the same target run cold, bitwise."""
+    inv = runs.inv
+    assert inv is not None
+    recs: list[DivergenceRecord] = []
+    hits = 0
+    for t, (cold, warm) in inv.prefix.items():
+        cached = max((e.num_cached_tokens for e in warm.evidence), default=0)
+        hits += cached > 0
+        d = first_divergence(cold, warm)
+        if d is not None:
+            recs.append(record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
+                               num_cached_tokens=cached))
+    n = len(inv.prefix)
+    ev = {"targets": n, "warm_runs_with_cache_hits": hits}
+    if n == 0 or hits == 0:
+        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
+                                  evidence=ev, message=inv.prefix_note or "no warm run hit the prefix cache"))
+    if recs:
+        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="fail", trials=n,
+                                  divergent=len(recs), evidence=ev,
+                                  message=f"{len(recs)} of {n} warm runs differ from cold"), tuple(recs))
+    return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+                              message=f"{n} warm runs ({hits} with cache hits) bitwise equal to cold"))
+
+
+def golden(runs: Runs, requirement: str) -> Judged:
+    from oracle.golden import compare_golden, environment_changes
+
+    assert runs.inv is not None and runs.golden is not None
+    refs = {runs.targets[i].name: c for i, c in runs.inv.solo.items()}
+    prompts = {t.name: t.token_ids for t in runs.targets}
+    diffs = compare_golden(dict(runs.golden), refs, prompts)
+    changed = environment_changes(runs.golden.get("environment", {}), dict(runs.environment))
+    changed = {k: v for k, v in changed.items()
+               if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production"))}
+    ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed,
+          "golden_config_digest": runs.golden.get("config_digest")}
+    if not refs:
+        return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message="no reference completed"))
+    if diffs:
+        what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
+        return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
+                                  divergent=len(diffs), evidence=ev,
+                                  message=f"{len(diffs)} of {len(refs)} targets differ from the golden file; "
+                                          f"changed: {what}"))
+    return Judged(CheckResult(name="golden", requirement=requirement, verdict="pass", trials=len(refs), evidence=ev,
+                              message=f"{len(refs)} targets bitwise equal to the golden file"))
+
+
+CheckFn = Callable[[Runs, str], Judged]
+# name -> (check, the modes it needs)
+CHECKS: dict[str, tuple[CheckFn, tuple[str, ...]]] = {
+    "invariance": (invariance, ("invariant",)),
+    "repeatability": (repeatability, ()),
+    "fidelity": (fidelity, ("invariant", "production")),
+    "drift": (drift, ("production",)),
+    "negative_control": (negative_control, ()),
+    "prefill_decode": (prefill_decode, ("invariant",)),
+    "prefix_cache": (prefix_cache, ("invariant",)),
+    "golden": (golden, ("invariant",)),
+}
+
+
+def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
+    """Every enabled check whose modes ran, in table order."""
+    results: list[CheckResult] = []
+    divergences: list[DivergenceRecord] = []
+    for name, (check, modes) in CHECKS.items():
+        requirement = getattr(runs.config.checks, name).requirement
+        if requirement == "off" or any(runs.mode(m) is None for m in modes):
+            continue
+        if name == "golden" and runs.golden is None:
+            continue
+        judged = check(runs, requirement)
+        results.append(judged.result)
+        divergences += judged.divergences
+    return results, divergences
+
+
+def _step_of(c: Completion, i: int) -> Completion:
+    """Completion holding only step i of c (to compare against a one-token run)."""
+    return Completion(
+        c.request_id, c.token_ids[i:i + 1], c.logprobs[i:i + 1],
+        logits=c.logits[i:i + 1] if c.logits is not None else None,
+        logits_digests=c.logits_digests[i:i + 1] if c.logits_digests is not None else None,
+        top2=c.top2[i:i + 1] if c.top2 is not None else None,
+    )
+
+
+def _kl(p_logits: Any, q_logits: Any) -> float:
+    p = np.asarray(p_logits, dtype=np.float64)
+    q = np.asarray(q_logits, dtype=np.float64)
+    lp = p - np.logaddexp.reduce(p)
+    lq = q - np.logaddexp.reduce(q)
+    return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+def _bucket(n: int, edges: Iterable[int]) -> str:
+    lo = 1
+    for e in edges:
+        if n <= e:
+            return f"{lo}-{e}" if lo != e else str(e)
+        lo = e + 1
+    return f"{lo}+"
+
+
+def coverage(runs: Runs) -> dict[str, int]:
+    """How many scheduled trials (invariant mode) hit each condition that kernels key their choices on.
+
+    Conditions read from the engine's per-pass evidence count only passes the target shared with
+    another sequence; an engine that does not report a field counts 0 for it.
+    """
+    inv = runs.inv
+    if inv is None:
+        return {}
+    out: Counter[str] = Counter({k: 0 for k in (
+        "target shared a pass", "target first in batch", "target in the middle of the batch", "target last in batch",
+        "mixed prefill+decode pass", "decode-only shared pass", "target prompt chunked",
+        "shared pass with a chunked prompt", "filler shares the target's prefix",
+        "target prompt hit the prefix cache", "staggered arrival",
+        *(f"target KV length > {b} in a shared pass" for b in KV_BOUNDARIES))})
+    for tid in runs.schedule_ids:
+        c = inv.trials.get(tid)
+        if c is None:
+            continue
+        t = runs.trials[tid]
+        hits: set[str] = {"trials run"}
+        shared: list[StepEvidence] = [e for e in c.evidence if e.num_seqs >= 2]
+        if shared:
+            hits.add("target shared a pass")
+            hits.add(f"shared with {_bucket(max(e.num_seqs for e in shared) - 1, (1, 3, 7, 15, 63, 255))} sequences")
+            hits.add(f"packed query length {_bucket(max(e.num_tokens for e in shared), (16, 64, 256, 1024))}")
+        if t.batch_size > 1:
+            hits.add({0: "target first in batch", t.batch_size - 1: "target last in batch"}.get(
+                t.position, "target in the middle of the batch"))
+        if any(e.num_prefill_tokens and e.num_decode_tokens for e in shared):
+            hits.add("mixed prefill+decode pass")
+        if any(e.num_prefill_tokens == 0 for e in shared):
+            hits.add("decode-only shared pass")
+        if any(e.chunked for e in c.evidence):
+            hits.add("target prompt chunked")
+        if any(e.has_chunked for e in shared):
+            hits.add("shared pass with a chunked prompt")
+        if any(e.num_cached_tokens > 0 for e in c.evidence):
+            hits.add("target prompt hit the prefix cache")
+        if any(f.shared_prefix for f in t.fillers):
+            hits.add("filler shares the target's prefix")
+        if t.target_arrival_step > 0 or any(f.arrival_step > t.target_arrival_step for f in t.fillers):
+            hits.add("staggered arrival")
+        for b in KV_BOUNDARIES:
+            if any((e.kv_len or 0) > b for e in shared):
+                hits.add(f"target KV length > {b} in a shared pass")
+        out.update(hits)
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
