@@ -92,10 +92,18 @@ def batch_evidence(runs: Runs, completions: Mapping[int, Completion]) -> dict[st
 
 
 def _cause(result: ModeResult, trial_id: int, actual: Completion) -> Cause:
-    """Nondeterminism when the target never shared a pass, or the same trial disagreed with itself."""
+    """What made the target differ from its solo run.
+
+    Nondeterminism when the same trial disagreed with itself, or when the other requests could
+    not have touched the target (it never shared a pass and started from no cached blocks); the
+    prefix cache when it only met them through cached blocks; else the batch.
+    """
     again = result.repeats.get(trial_id)
-    if actual.max_batch <= 1 or (again is not None and first_divergence(actual, again) is not None):
+    if again is not None and first_divergence(actual, again) is not None:
         return "nondeterminism"
+    if actual.max_batch <= 1:
+        hit = any(e.num_cached_tokens > 0 for e in actual.evidence)
+        return "prefix_cache" if hit else "nondeterminism"
     return "batch"
 
 
