@@ -1,26 +1,25 @@
 """The GitHub Action's helpers (`.github/actions/oracle`): annotations, step outputs, the cache key.
 
     python -m oracle.github_action annotate REPORT_DIR [--exit-code N] [--config PATH]
-    python -m oracle.github_action config-hash CONFIG
 
 `annotate` reads REPORT_DIR/report.json and prints one `::error` workflow command per required
 check that failed, was vacuous or errored (`::warning` for a check at `warn`), plus one for an
 engine error or a missing report; then writes `exit-code`, `verdict` (pass | fail | error) and
 `report-dir` to $GITHUB_OUTPUT. It never fails the step: the action's last step does that.
-`config-hash` writes `config-hash` (the sha256 of the config file's bytes) for the hypothesis
-database's cache key. Reads JSON only: no torch, no engine.
+Reads the report through oracle.report's model: no torch, no engine.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
+
+from oracle.errors import OracleError
+from oracle.report import CheckResult, DivergenceRecord, Report, load_report
 
 BAD_VERDICTS = ("fail", "vacuous", "error")
 
@@ -44,65 +43,56 @@ def verdict_of(exit_code: int) -> str:
     return {0: "pass", 1: "fail"}.get(exit_code, "error")
 
 
-def _first_divergence(report: dict[str, Any], check: str) -> dict[str, Any] | None:
-    rows = [d for d in report.get("divergences", []) if d.get("check") == check]
-    return next((d for d in rows if (d.get("evidence") or {}).get("shrunk")), rows[0] if rows else None)
+def _first_divergence(report: Report, check: str) -> DivergenceRecord | None:
+    rows = [d for d in report.divergences if d.check == check]
+    return next((d for d in rows if d.shrunk), rows[0] if rows else None)
 
 
-def check_message(report: dict[str, Any], check: dict[str, Any], report_path: Path) -> str:
-    """The check's message, its first divergence and the command that replays it."""
-    lines = [f"{check['name']} [{check.get('requirement')}]: {check['verdict']}: {check.get('message', '')}"]
-    d = _first_divergence(report, check["name"])
+def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
+    """The check's message, its first divergence, the op it started at and the command that replays it."""
+    lines = [f"{check.name} [{check.requirement}]: {check.verdict}: {check.message}"]
+    d = _first_divergence(report, check.name)
     if d is not None:
-        lines.append(f"first divergence: target {d.get('target')}, trial {d.get('trial_id')}, step {d.get('step')} "
-                     f"({d.get('kind')}): token {d.get('expected_token')} -> {d.get('actual_token')}, "
-                     f"ULP {d.get('ulp')}, top-2 margin {d.get('reference_margin')}")
-        if d.get("trial_id") is not None:
-            lines.append(f"replay: oracle replay {report_path} --trial {d['trial_id']}")
-    lines.append(f"seed {report.get('seed')}; report {report_path}")
+        lines.append(f"first divergence: target {d.target}, trial {d.trial_id}, step {d.step} "
+                     f"({d.kind}): token {d.expected_token} -> {d.actual_token}, "
+                     f"ULP {d.ulp}, top-2 margin {d.reference_margin}")
+        if d.localized_op is not None:
+            lines.append(f"first diverging op: {d.localized_op.describe()}")
+        if d.trial_id is not None:
+            lines.append(f"replay: oracle replay {report_path} --trial {d.trial_id}")
+    lines.append(f"seed {report.seed}; report {report_path}")
     return "\n".join(lines)
 
 
-def workflow_commands(report: dict[str, Any] | None, report_path: Path, exit_code: int,
-                config: str | None = None) -> Iterator[str]:
+def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
+                      config: str | None = None) -> Iterator[str]:
     """The workflow commands for a run: errors for blocking checks, warnings for `warn` ones."""
     if report is None:
         yield command("error", "oracle", f"no report at {report_path}: oracle exited {exit_code} before writing "
                                          "one (a usage or config error; see the run step's log)", config)
         return
-    if report.get("error"):
-        yield command("error", "oracle engine", f"engine error: {report['error']} (partial report {report_path})",
+    if report.error:
+        yield command("error", "oracle engine", f"engine error: {report.error} (partial report {report_path})",
                       config)
-    for check in report.get("checks", []):
-        if check.get("verdict") not in BAD_VERDICTS:
+    for check in report.checks:
+        if check.verdict not in BAD_VERDICTS:
             continue
-        kind = {"required": "error", "warn": "warning"}.get(check.get("requirement", ""))
+        kind = {"required": "error", "warn": "warning"}.get(check.requirement)
         if kind:
-            yield command(kind, f"oracle {check['name']}", check_message(report, check, report_path), config)
+            yield command(kind, f"oracle {check.name}", check_message(report, check, report_path), config)
 
 
 def annotate(report_dir: Path, exit_code: int | None, config: str | None, out: TextIO) -> int:
     path = report_dir / "report.json"
     try:
-        report: dict[str, Any] | None = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        report: Report | None = load_report(path)
+    except OracleError:
         report = None
     if exit_code is None:
-        exit_code = int(report.get("exit_code", 1)) if report else 2
+        exit_code = report.exit_code() if report else 2
     for line in workflow_commands(report, path, exit_code, config):
         print(line, file=out)
     write_outputs({"exit-code": str(exit_code), "verdict": verdict_of(exit_code), "report-dir": str(report_dir)})
-    return 0
-
-
-def config_hash(config: Path) -> int:
-    try:
-        digest = hashlib.sha256(config.read_bytes()).hexdigest()
-    except OSError as e:
-        print(f"oracle: error: {config}: cannot read the config ({e.strerror})", file=sys.stderr)
-        return 2
-    write_outputs({"config-hash": digest[:16]})
-    print(digest[:16])
     return 0
 
 
@@ -123,12 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("report_dir", type=Path)
     a.add_argument("--exit-code", type=int, default=None, help="oracle run's exit code (default: the report's)")
     a.add_argument("--config", default=None, help="the config file, to attach the annotations to")
-    h = sub.add_parser("config-hash", help="write config-hash (sha256 of the config file) to $GITHUB_OUTPUT")
-    h.add_argument("config", type=Path)
     args = p.parse_args(argv)
-    if args.command == "annotate":
-        return annotate(args.report_dir, args.exit_code, args.config, sys.stdout)
-    return config_hash(args.config)
+    return annotate(args.report_dir, args.exit_code, args.config, sys.stdout)
 
 
 if __name__ == "__main__":
