@@ -22,7 +22,7 @@ def first_divergence(report: Report, checks: Iterable[str]) -> DivergenceRecord 
     """The divergence to show for `checks`: the shrunk (minimal) trial if there is one, else the first."""
     names = set(checks)
     rows = [d for d in report.divergences if d.check in names]
-    return next((d for d in rows if d.evidence.get("shrunk")), rows[0] if rows else None)
+    return next((d for d in rows if d.shrunk), rows[0] if rows else None)
 
 
 def replay_command(report_path: Path, d: DivergenceRecord) -> str | None:
@@ -41,6 +41,10 @@ def describe_divergence(d: DivergenceRecord, report_path: Path) -> list[str]:
     if "num_seqs" in d.evidence:
         lines.append(f"  that forward pass held {d.evidence['num_seqs']} sequences, "
                      f"{d.evidence.get('num_tokens', '?')} tokens")
+    if d.cause != "batch":
+        lines.append(f"  cause: {d.cause}")
+    if d.localized_op is not None:
+        lines.append(f"  first diverging op: {d.localized_op.describe()}")
     replay = replay_command(report_path, d)
     if replay:
         lines.append(f"replay: {replay}")
