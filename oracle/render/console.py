@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rich import box
@@ -154,14 +155,42 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
     console.print(t)
     for d in shown:
         if is_minimal(d):
-            trial = d.trial or {}
-            batch = len(trial.get("fillers", [])) + 1 if trial else "?"
+            plan: dict[str, Any] = d.trial or {}
+            batch = len(plan.get("fillers", [])) + 1 if plan else "?"
             console.print(f"minimal failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
-                          f"{terminal_text(d.target)} at position {trial.get('position', '?')}; replay: "
+                          f"{terminal_text(d.target)} at position {plan.get('position', '?')}; replay: "
                           f"oracle replay REPORT.json --trial {d.trial_id}", style="bold")
         where = localized_line(d)
         if where:
             console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")
+
+
+def print_presets(console: Console, presets: Mapping[str, Any]) -> None:
+    """The model presets as a table: shape, size on disk and what each is for."""
+    table = Table(title="model presets (oracle model make PRESET DIR, or model: preset:NAME)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("preset", "arch", "layers", "hidden", "heads", "params", "size", "dtype", "use"):
+        table.add_column(col, no_wrap=col != "use", ratio=1 if col == "use" else None,
+                         justify="right" if col in ("layers", "hidden", "heads", "params", "size") else "left")
+    for name, p in presets.items():
+        table.add_row(name, p.architecture, str(p.num_hidden_layers), str(p.hidden_size),
+                      f"{p.num_attention_heads}/{p.num_key_value_heads}", _si(p.num_parameters), _bytes(p.num_bytes),
+                      p.torch_dtype, p.description)
+    console.print(table)
+
+
+def _si(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
 
 
 def _fmt(x: float | int | None) -> str:
