@@ -76,7 +76,7 @@ def hand_report(*, error: str | None = None, with_extras: bool = True) -> Report
         environment={"python": "3.11", "torch": "2.13.0", "platform": "linux", "env": {},
                      "target_names": targets, "targets": 3, "trials": 10},
         checks=checks, divergences=divs, timings={"total_s": 1.5, "invariant_s": 0.7, "production_s": 0.6},
-        schedule=[trial(i, b) for i, b in enumerate([1, 3, 9, 3, 5, 9, 9], start=1)], error=error,
+        schedule=[trial(i, b) for i, b in enumerate([3, 9, 1, 3, 5, 9], start=1)], error=error,
         complete=error is None,
     )
     if with_extras and "coverage" in inspect.signature(Report).parameters:
