@@ -50,37 +50,41 @@ def _plot(title: str, bars: list[Bar], x_label: str, y_label: str, numeric_x: bo
     axis with ticks (gaps where no bar is); otherwise one slot per bar in order."""
     if not bars:
         return f'<figure class="plot"><figcaption>{e(title)}</figcaption><p>no data</p></figure>'
-    plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
     top = max(b.value for b in bars) or 1.0
-    if numeric_x:
-        lo, hi = min(b.x for b in bars), max(b.x for b in bars)
-        lo, hi = lo - 0.5, hi + 0.5
-        slot = plot_w / (hi - lo)
+    lo = min(b.x for b in bars) - 0.5 if numeric_x else -0.5
+    hi = max(b.x for b in bars) + 0.5 if numeric_x else len(bars) - 0.5
+    # Wider for many slots (up to 1200 px), so each bar and its count stay readable.
+    width = min(1200, max(_W, _LEFT + _RIGHT + int(14 * (hi - lo))))
+    plot_w = width - _LEFT - _RIGHT
+    slot = plot_w / (hi - lo)
 
-        def at(x: float) -> float:
-            return _LEFT + (x - lo) * slot
-        bw = max(2.0, min(slot * 0.8, 40.0))
-    else:
-        slot = plot_w / len(bars)
+    def at(x: float) -> float:
+        return _LEFT + (x - lo) * slot
 
-        def at(x: float) -> float:
-            return _LEFT + (x + 0.5) * slot
-        bw = max(2.0, min(slot * 0.8, 40.0))
-    y0 = _TOP + plot_h
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" aria-label="{e(title)}">',
-             f'<line class="x-axis" x1="{_LEFT}" y1="{y0}" x2="{_W - _RIGHT}" y2="{y0}" stroke="#444"/>',
-             f'<line class="y-axis" x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{y0}" stroke="#444"/>',
-             f'<text x="{_LEFT - 4}" y="{_TOP + 4}" text-anchor="end">{e(_num(top))}</text>',
+    bw = max(2.0, min(slot * 0.8, 40.0))
+    upright = slot >= 26  # narrower slots write their counts vertically, with headroom above the bars
+    top_pad = _TOP if upright else max(_TOP, 7 * max(len(b.label) for b in bars) + 8)
+    plot_h = _H - top_pad - _BOTTOM
+    y0 = top_pad + plot_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_H}" role="img" aria-label="{e(title)}">',
+             f'<line class="x-axis" x1="{_LEFT}" y1="{y0}" x2="{width - _RIGHT}" y2="{y0}" stroke="#444"/>',
+             f'<line class="y-axis" x1="{_LEFT}" y1="{top_pad}" x2="{_LEFT}" y2="{y0}" stroke="#444"/>',
+             f'<text x="{_LEFT - 4}" y="{top_pad + 4}" text-anchor="end">{e(_num(top))}</text>',
              f'<text x="{_LEFT - 4}" y="{y0}" text-anchor="end">0</text>',
              f'<text class="axis-label" x="{_LEFT + plot_w / 2:.1f}" y="{_H - 4}" text-anchor="middle">{e(x_label)}</text>',
-             f'<text class="axis-label" x="12" y="{_TOP + plot_h / 2:.1f}" text-anchor="middle" '
-             f'transform="rotate(-90 12 {_TOP + plot_h / 2:.1f})">{e(y_label)}</text>']
+             f'<text class="axis-label" x="12" y="{top_pad + plot_h / 2:.1f}" text-anchor="middle" '
+             f'transform="rotate(-90 12 {top_pad + plot_h / 2:.1f})">{e(y_label)}</text>']
     for i, b in enumerate(bars):
         cx = at(b.x if numeric_x else i)
         bh = plot_h * b.value / top
         parts.append(f'<rect class="bar" x="{cx - bw / 2:.1f}" y="{y0 - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" '
                      f'fill="#3a6ea5"><title>{e(b.tip)}</title></rect>')
-        parts.append(f'<text class="count" x="{cx:.1f}" y="{y0 - bh - 3:.1f}" text-anchor="middle">{e(b.label)}</text>')
+        if upright:
+            parts.append(f'<text class="count" x="{cx:.1f}" y="{y0 - bh - 3:.1f}" text-anchor="middle">{e(b.label)}</text>')
+        else:
+            ty = y0 - bh - 3
+            parts.append(f'<text class="count" x="{cx + 4:.1f}" y="{ty:.1f}" transform="rotate(-90 {cx + 4:.1f} {ty:.1f})">'
+                         f'{e(b.label)}</text>')
     for x, tick in _ticks(bars, numeric_x):
         parts.append(f'<text class="tick" x="{at(x):.1f}" y="{y0 + 14}" text-anchor="middle">{e(tick)}</text>')
     parts.append("</svg>")
@@ -89,7 +93,7 @@ def _plot(title: str, bars: list[Bar], x_label: str, y_label: str, numeric_x: bo
 
 def _ticks(bars: list[Bar], numeric_x: bool) -> list[tuple[float, str]]:
     if not numeric_x:
-        step = max(1, math.ceil(len(bars) / 16))
+        step = max(1, math.ceil(len(bars) / 20))
         return [(float(i), b.tick) for i, b in enumerate(bars) if i % step == 0]
     lo, hi = int(min(b.x for b in bars)), int(max(b.x for b in bars))
     span = max(1, hi - lo)
@@ -114,11 +118,19 @@ def rate_by_batch(report: Report, check: str) -> list[Bar]:
 
 
 def step_histogram(divs: list[Any]) -> list[Bar]:
+    """Divergences per first-divergence step, every step between the first and the last shown (in
+    bins of several steps when there are more than 40)."""
     steps: Counter[int] = Counter(d.step for d in divs)
     if not steps:
         return []
-    return [Bar(s, float(steps[s]), str(steps[s]), str(s), f"step {s}: {steps[s]} divergences")
-            for s in range(min(steps), max(steps) + 1)]
+    lo, hi = min(steps), max(steps)
+    width = max(1, math.ceil((hi - lo + 1) / 40))
+    bars = []
+    for start in range(lo, hi + 1, width):
+        n = sum(steps[s] for s in range(start, start + width))
+        name = str(start) if width == 1 else f"{start}-{start + width - 1}"
+        bars.append(Bar(start, float(n), str(n), name, f"step {name}: {n} divergences"))
+    return bars
 
 
 def ulp_histogram(divs: list[Any]) -> list[Bar]:
