@@ -3,7 +3,8 @@
 It agrees with the verdict: a `<failure>` only where a required check failed for that target
 (its divergences, or its golden difference); a required check that failed or was vacuous with no
 target to blame fails one `all targets` case. Warn- and report-level findings are properties and
-`<system-out>`, never failures; a check in error and an engine error are `<error>`. Every string
+`<system-out>`, never failures; a required check in error and an engine error are `<error>`. So
+the file has a failure or an error exactly when the exit code is not 0. Every string
 is made XML 1.0 safe (see oracle.render.escape), whatever the target names or error text hold.
 """
 
@@ -66,7 +67,7 @@ def render_junit(report: Report) -> str:
             if target in golden:
                 detail = "\n".join(ln for ln in golden_lines(c) if f"target {target}:" in ln or "changed since" in ln)
             found = bool(divs) or target in golden
-            if c.verdict == "error":
+            if c.verdict == "error" and c.blocks:
                 counts["errors"] += 1
                 _el(case, "error", report.error or c.message, message=c.message or "check error")
             elif found and c.blocks:
@@ -79,7 +80,7 @@ def render_junit(report: Report) -> str:
                 _el(case, "system-out", f"{c.requirement}-level {c.name} finding ({shown_verdict(c)}):\n{detail}")
                 continue
             _el(case, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
-        if c.verdict != "error" and not blamed and (c.blocks or counts["tests"] == 0):
+        if not (c.verdict == "error" and c.blocks) and not blamed and (c.blocks or counts["tests"] == 0):
             # A verdict with no target to blame: fidelity tolerances, a vacuous schedule, no targets at all.
             case = _el(suite, "testcase", classname=f"oracle.{c.name}", name="all targets")
             counts["tests"] += 1

@@ -95,6 +95,23 @@ def test_junit_engine_error_is_an_error_and_well_formed() -> None:
     assert err is not None and "boom" in (err.text or "") and "\x1b" not in (err.text or "")
 
 
+def _variants() -> list[Report]:
+    failing, passing, broken = hand_report(), _passing_with_warnings(), hand_report(error="engine died")
+    vacuous = _passing_with_warnings()  # a required check vacuous with nothing to blame: exit 1
+    vacuous.checks = [replace(c, verdict="vacuous") if c.name == "repeatability" else c for c in vacuous.checks]
+    warn_error = _passing_with_warnings()  # a warn-level check in error: exit 0
+    warn_error.checks = [replace(c, verdict="error") if c.name == "prefill_decode" else c for c in warn_error.checks]
+    return [failing, passing, broken, vacuous, warn_error]
+
+
+@pytest.mark.parametrize("report", _variants(), ids=["failing", "passing", "engine-error", "vacuous", "warn-error"])
+def test_junit_has_a_failure_or_error_exactly_when_the_exit_code_is_not_0(report: Report) -> None:
+    root = ET.fromstring(render_junit(report))
+    bad = sum(int(s.get("failures", "0")) + int(s.get("errors", "0")) for s in root.iter("testsuite"))
+    assert bad == len(root.findall(".//failure")) + len(root.findall(".//error"))
+    assert (bad > 0) == (report.exit_code() != 0), report.exit_code()
+
+
 HOSTILE_AS_XML = "evil\\x1b[31mRED\\x07\\x00<b>bold</b>`code`|cell\\ud800\\x0c&amp;"
 
 
