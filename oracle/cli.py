@@ -16,7 +16,10 @@ from oracle.errors import OracleError
 
 
 def _parser() -> argparse.ArgumentParser:
+    from oracle import __version__
+
     p = argparse.ArgumentParser(prog="oracle", description="Bitwise determinism test oracle for LLM inference.")
+    p.add_argument("--version", action="version", version=f"oracle {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run every check of a config and write a report")
@@ -127,8 +130,9 @@ def _model(args: argparse.Namespace) -> int:
     from oracle.models import PRESETS, make_model
 
     if args.model_command == "presets":
-        for name, preset in PRESETS.items():
-            print(f"{name}: {preset}")
+        from oracle.render.console import make_console, print_presets
+
+        print_presets(make_console(), PRESETS)
         return 0
     path = make_model(args.preset, args.dir, seed=args.seed)
     print(f"wrote {args.preset} (seed {args.seed}) to {path}")

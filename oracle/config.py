@@ -113,6 +113,18 @@ class CheckConfig(_Strict):
             v = "required" if v else "off"
         return {"requirement": v} if isinstance(v, str) else v
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        """As YAML reads it: the requirement alone (`invariance: required`), a boolean (bare `off` is
+        YAML for false), or the full object."""
+        schema = handler(core_schema)
+        full = handler.resolve_ref_schema(schema)
+        requirement = full.get("properties", {}).get("requirement", {})
+        levels = requirement.get("enum") or ["required", "warn", "off"]
+        return {"anyOf": [{"type": "string", "enum": levels, "description": "the requirement alone"},
+                          {"type": "boolean", "description": "true: required; false (a bare `off`): off"},
+                          dict(full)], "title": full.get("title", cls.__name__)}
+
 
 class InvarianceConfig(CheckConfig):
     localize: Literal["first", "all", "off"] = Field(

@@ -1,23 +1,33 @@
 """The one rich Console of the CLI: progress while running, a summary table after.
 
-Markup and highlighting are off (model text must never be read as markup); under CI (the
-`CI` variable set) or when stdout is not a terminal there are no live bars, only plain lines.
+Markup and highlighting are off and user strings lose their control bytes (model text must never
+be read as markup or terminal escapes). Under CI (the `CI` variable set) or when stdout is not a
+terminal there are no live bars, only plain lines, with a heartbeat line every N engine runs or
+seconds so a CI log shows that a long phase is moving. Tables fit 80 columns: at that width the
+detail column moves below the table, and cut rows are counted ("N more").
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Mapping
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from oracle.observer import Observer
+from oracle.render.escape import terminal_text
+from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first
+from oracle.render.verdict import headline, shown_verdict, style
 from oracle.report import Report
 
-_STYLE = {"pass": "green", "fail": "red", "vacuous": "yellow", "error": "red", "skipped": "dim"}
+NARROW = 100  # below this many columns the checks table leaves its detail column out
+HEARTBEAT_S = 30.0
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -30,9 +40,14 @@ def make_console(stderr: bool = False) -> Console:
 
 
 class ConsoleObserver(Observer):
-    """Shows the seed and a progress bar per mode (trials done of total, divergences so far)."""
+    """Shows the seed and a progress bar per mode (trials done of total, divergences so far).
 
-    def __init__(self, console: Console) -> None:
+    Without a live terminal (CI, a pipe) it prints a heartbeat line every `heartbeat_every` engine
+    runs (default: a tenth of the phase) or every `heartbeat_s` seconds, whichever comes first.
+    """
+
+    def __init__(self, console: Console, heartbeat_every: int | None = None,
+                 heartbeat_s: float | None = HEARTBEAT_S) -> None:
         self.console = console
         self.live = console.is_terminal and not os.environ.get("CI")
         self.progress: Progress | None = None
@@ -40,12 +55,19 @@ class ConsoleObserver(Observer):
         self.name = ""
         self.total = 0
         self.count = 0
+        self.divergences = 0
+        self.heartbeat_every = heartbeat_every
+        self.heartbeat_s = heartbeat_s
+        self._every = 1
+        self._last = 0.0
 
     def seed(self, seed: int) -> None:
         self.console.print(f"schedule seed: {seed} (replay this schedule with --seed {seed})")
 
     def phase(self, name: str, total: int) -> None:
-        self.name, self.total, self.count = name, total, 0
+        self.name, self.total, self.count, self.divergences = name, total, 0, 0
+        self._every = self.heartbeat_every or max(1, total // 10)
+        self._last = time.monotonic()
         if self.live:
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("divergent: {task.fields[div]}"), TimeRemainingColumn(),
@@ -57,8 +79,15 @@ class ConsoleObserver(Observer):
 
     def advance(self, divergences: int) -> None:
         self.count += 1
+        self.divergences = divergences
         if self.progress is not None:
             self.progress.update(self.task, advance=1, div=divergences)
+            return
+        now = time.monotonic()
+        due = self.count % self._every == 0 or (self.heartbeat_s is not None and now - self._last >= self.heartbeat_s)
+        if due and self.count < self.total:
+            self._last = now
+            self.console.print(f"{self.name}: {self.count}/{self.total} engine runs, {divergences} divergent")
 
     def done(self) -> None:
         if self.progress is not None:
@@ -68,38 +97,107 @@ class ConsoleObserver(Observer):
             self.console.print(f"{self.name}: done {self.count}/{self.total}")
 
 
-def print_summary(console: Console, report: Report, report_path: str) -> None:
-    table = Table(title="oracle checks", title_justify="left")
-    for col in ("check", "requirement", "verdict", "trials", "divergent", "detail"):
-        table.add_column(col)
+def print_summary(console: Console, report: Report, report_path: str, max_rows: int = 5) -> None:
+    narrow = console.width < NARROW
+    table = Table(title=f"oracle checks: {headline(report)}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for col in ("check", "requirement", "verdict", "trials", "divergent"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("trials", "divergent") else "left")
+    if not narrow:
+        table.add_column("detail", ratio=1)
     for c in report.checks:
-        table.add_row(c.name, c.requirement, c.verdict, str(c.trials), str(c.divergent), c.message,
-                      style=_STYLE.get(c.verdict))
+        cells = [c.name, c.requirement, shown_verdict(c), str(c.trials), str(c.divergent)]
+        if not narrow:
+            cells.append(terminal_text(c.message))
+        table.add_row(*cells, style=style(c))
     console.print(table)
-    shown = [d for d in report.divergences if d.check in ("invariance", "repeatability")][:5]
-    drift = [d for d in report.divergences if d.check == "drift"][:5]
-    for title, rows in (("invariant-mode divergences", shown), ("production-mode divergences (drift)", drift)):
-        if not rows:
-            continue
-        t = Table(title=title, title_justify="left")
-        for col in ("target", "trial", "step", "kind", "token exp/act", "ulp", "max |dlogit|", "margin", "seqs"):
-            t.add_column(col)
-        for d in rows:
-            t.add_row(d.target, str(d.trial_id), str(d.step), d.kind, f"{d.expected_token}/{d.actual_token}",
-                      str(d.ulp), _fmt(d.max_abs_logits_diff), _fmt(d.reference_margin),
-                      str(d.evidence.get("num_seqs", "")))
-        console.print(t)
+    if narrow:
+        for c in report.checks:
+            console.print(f"  {c.name}: {terminal_text(c.message)}", style=style(c))
+    for c in report.checks:
+        if c.name == "golden" and c.verdict != "pass":
+            for line in golden_lines(c):
+                console.print(terminal_text(line), style=style(c))
+    sections = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache")),
+                ("production-mode divergences (drift)", ("drift",)))
+    for title, checks in sections:
+        rows = minimal_first([d for d in report.divergences if d.check in checks])
+        if rows:
+            _divergence_table(console, title, rows, max_rows, narrow)
     if report.error:
-        console.print(f"engine error: {report.error}", style="red")
+        console.print(f"engine error: {terminal_text(report.error)}", style="red")
     tm = report.timings
-    console.print(f"report: {report_path}   time: {tm.get('total_s', 0):.1f}s "
+    console.print(f"report: {terminal_text(report_path)}   time: {tm.get('total_s', 0):.1f}s "
                   f"(invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s)"
                   f"   exit {report.exit_code()}")
 
 
-def _fmt(x: float | None) -> str:
-    return "" if x is None else f"{x:.3g}"
+def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: int, narrow: bool) -> None:
+    shown = rows[:max_rows]
+    notes = []
+    if any(is_minimal(d) for d in shown):
+        notes.append("* the shrunk minimal trial")
+    if len(rows) > len(shown):
+        notes.append(f"... and {len(rows) - len(shown)} more in report.json")
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              caption="; ".join(notes) or None, caption_justify="left")
+    t.add_column("target", min_width=8, max_width=24 if narrow else 48, overflow="ellipsis", no_wrap=True)
+    cols = ["trial", "step", "kind", "tokens", "ulp", "|dlogit|"] + ([] if narrow else ["margin", "seqs"])
+    for col in cols:
+        t.add_column(col, no_wrap=True, justify="right" if col not in ("kind", "tokens") else "left")
+    for d in shown:
+        trial = "" if d.trial_id is None else str(d.trial_id)
+        cells = [terminal_text(d.target), trial + ("*" if is_minimal(d) else ""), str(d.step), d.kind,
+                 f"{d.expected_token}->{d.actual_token}", _fmt(d.ulp), _fmt(d.max_abs_logits_diff)]
+        if not narrow:
+            cells += [_fmt(d.reference_margin), terminal_text(d.evidence.get("num_seqs", ""))]
+        t.add_row(*cells, style="bold" if is_minimal(d) else None)
+    console.print(t)
+    for d in shown:
+        if is_minimal(d):
+            plan: dict[str, Any] = d.trial or {}
+            batch = len(plan.get("fillers", [])) + 1 if plan else "?"
+            console.print(f"minimal failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
+                          f"{terminal_text(d.target)} at position {plan.get('position', '?')}; replay: "
+                          f"oracle replay REPORT.json --trial {d.trial_id}", style="bold")
+        where = localized_line(d)
+        if where:
+            console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")
+
+
+def print_presets(console: Console, presets: Mapping[str, Any]) -> None:
+    """The model presets as a table: shape, size on disk and what each is for."""
+    table = Table(title="model presets (oracle model make PRESET DIR, or model: preset:NAME)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("preset", "arch", "layers", "hidden", "heads", "params", "size", "dtype", "use"):
+        table.add_column(col, no_wrap=col != "use", ratio=1 if col == "use" else None,
+                         justify="right" if col in ("layers", "hidden", "heads", "params", "size") else "left")
+    for name, p in presets.items():
+        table.add_row(name, p.architecture, str(p.num_hidden_layers), str(p.hidden_size),
+                      f"{p.num_attention_heads}/{p.num_key_value_heads}", _si(p.num_parameters), _bytes(p.num_bytes),
+                      p.torch_dtype, p.description)
+    console.print(table)
+
+
+def _si(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _fmt(x: float | int | None) -> str:
+    if x is None:
+        return ""
+    return str(x) if isinstance(x, int) else f"{x:.3g}"
 
 
 def error_line(message: str) -> None:
-    print(f"oracle: error: {message}", file=sys.stderr)
+    print(f"oracle: error: {terminal_text(message, newlines=True)}", file=sys.stderr)

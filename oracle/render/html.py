@@ -1,98 +1,225 @@
-"""A self-contained HTML report: summary, divergence table and three plots drawn as inline SVG.
+"""A self-contained HTML report: summary, divergence table and plots drawn as inline SVG.
 
-Plots: divergence rate by batch size (per check), first-divergence step histogram, and the
-distribution of ULP distances (log2 buckets). No script, no external asset: it opens offline.
+Plots, per check that has divergences: divergence rate by batch size (batch size on a numeric
+axis, the count `diverged/run` on each bar), first-divergence step histogram, and the ULP
+distances of the first divergent logprob in log2 buckets (empty buckets shown). Every plot
+labels both axes. No script, no external asset: it opens offline. Every user string is escaped.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections import Counter, defaultdict
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
+from oracle.render.escape import terminal_text
+from oracle.render.findings import coverage, golden_lines, is_minimal, localized_cells, minimal_first
+from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-.pass{color:#161}.fail,.error{color:#b00;font-weight:bold}.vacuous{color:#a60}
-figure{display:inline-block;margin:1em 2em 1em 0}figcaption{font-weight:bold}
-svg text{font:11px sans-serif}
+.pass{color:#161}.fail,.error{color:#b00;font-weight:bold}.vacuous,.reported,.warning{color:#a60}
+tr.minimal{background:#fff3c4;font-weight:bold}
+figure{display:inline-block;margin:1em 2em 1em 0;vertical-align:top}figcaption{font-weight:bold}
+svg text{font:11px sans-serif}svg .axis-label{font:12px sans-serif;fill:#333}
 """
+_MINIMAL = ' class="minimal"'
+_W, _H, _LEFT, _BOTTOM, _TOP, _RIGHT = 420, 180, 50, 42, 18, 12
 
 
-def _bars(title: str, data: list[tuple[str, float]], unit: str = "", fmt: str = "{:.0f}") -> str:
-    """A bar chart as an SVG figure; `data` is (label, value) in display order."""
-    e = html.escape
-    if not data:
+def e(x: object) -> str:
+    """Escaped for HTML text or an attribute, without control bytes."""
+    return html.escape(terminal_text(x))
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float  # position on the x axis (a batch size, a step, a bucket index)
+    value: float  # bar height in the y unit
+    label: str  # text on top of the bar
+    tick: str  # tick label under the bar
+    tip: str  # hover text
+
+
+def _plot(title: str, bars: list[Bar], x_label: str, y_label: str, numeric_x: bool) -> str:
+    """A bar chart as an SVG figure with labelled axes. `numeric_x`: bars sit at their x on a linear
+    axis with ticks (gaps where no bar is); otherwise one slot per bar in order."""
+    if not bars:
         return f'<figure class="plot"><figcaption>{e(title)}</figcaption><p>no data</p></figure>'
-    w, h, pad = max(240, 28 * len(data) + 60), 200, 40
-    top = max(v for _, v in data) or 1.0
-    bw = (w - pad - 10) / len(data)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 40}" role="img" '
-             f'aria-label="{e(title)}">',
-             f'<line x1="{pad}" y1="{h}" x2="{w - 5}" y2="{h}" stroke="#444"/>']
-    for i, (label, v) in enumerate(data):
-        bh = (h - 20) * v / top
-        x = pad + i * bw
-        parts.append(f'<rect class="bar" x="{x + 2:.1f}" y="{h - bh:.1f}" width="{bw - 4:.1f}" height="{bh:.1f}" '
-                     f'fill="#3a6ea5"><title>{e(label)}: {e(fmt.format(v))}{e(unit)}</title></rect>')
-        parts.append(f'<text x="{x + bw / 2:.1f}" y="{h + 14}" text-anchor="middle">{e(label)}</text>')
-        parts.append(f'<text x="{x + bw / 2:.1f}" y="{h - bh - 3:.1f}" text-anchor="middle">{e(fmt.format(v))}</text>')
+    top = max(b.value for b in bars) or 1.0
+    lo = min(b.x for b in bars) - 0.5 if numeric_x else -0.5
+    hi = max(b.x for b in bars) + 0.5 if numeric_x else len(bars) - 0.5
+    # Wider for many slots (up to 1200 px), so each bar and its count stay readable.
+    width = min(1200, max(_W, _LEFT + _RIGHT + int(14 * (hi - lo))))
+    plot_w = width - _LEFT - _RIGHT
+    slot = plot_w / (hi - lo)
+
+    def at(x: float) -> float:
+        return _LEFT + (x - lo) * slot
+
+    bw = max(2.0, min(slot * 0.8, 40.0))
+    upright = slot >= 26  # narrower slots write their counts vertically, with headroom above the bars
+    top_pad = _TOP if upright else max(_TOP, 7 * max(len(b.label) for b in bars) + 8)
+    plot_h = _H - top_pad - _BOTTOM
+    y0 = top_pad + plot_h
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_H}" role="img" aria-label="{e(title)}">',
+             f'<line class="x-axis" x1="{_LEFT}" y1="{y0}" x2="{width - _RIGHT}" y2="{y0}" stroke="#444"/>',
+             f'<line class="y-axis" x1="{_LEFT}" y1="{top_pad}" x2="{_LEFT}" y2="{y0}" stroke="#444"/>',
+             f'<text x="{_LEFT - 4}" y="{top_pad + 4}" text-anchor="end">{e(_num(top))}</text>',
+             f'<text x="{_LEFT - 4}" y="{y0}" text-anchor="end">0</text>',
+             f'<text class="axis-label" x="{_LEFT + plot_w / 2:.1f}" y="{_H - 4}" text-anchor="middle">{e(x_label)}</text>',
+             f'<text class="axis-label" x="12" y="{top_pad + plot_h / 2:.1f}" text-anchor="middle" '
+             f'transform="rotate(-90 12 {top_pad + plot_h / 2:.1f})">{e(y_label)}</text>']
+    for i, b in enumerate(bars):
+        cx = at(b.x if numeric_x else i)
+        bh = plot_h * b.value / top
+        parts.append(f'<rect class="bar" x="{cx - bw / 2:.1f}" y="{y0 - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" '
+                     f'fill="#3a6ea5"><title>{e(b.tip)}</title></rect>')
+        if upright:
+            parts.append(f'<text class="count" x="{cx:.1f}" y="{y0 - bh - 3:.1f}" text-anchor="middle">{e(b.label)}</text>')
+        else:
+            ty = y0 - bh - 3
+            parts.append(f'<text class="count" x="{cx + 4:.1f}" y="{ty:.1f}" transform="rotate(-90 {cx + 4:.1f} {ty:.1f})">'
+                         f'{e(b.label)}</text>')
+    for x, tick in _ticks(bars, numeric_x):
+        parts.append(f'<text class="tick" x="{at(x):.1f}" y="{y0 + 14}" text-anchor="middle">{e(tick)}</text>')
     parts.append("</svg>")
     return f'<figure class="plot"><figcaption>{e(title)}</figcaption>{"".join(parts)}</figure>'
 
 
-def _rate_by_batch(report: Report, check: str) -> list[tuple[str, float]]:
+def _ticks(bars: list[Bar], numeric_x: bool) -> list[tuple[float, str]]:
+    if not numeric_x:
+        step = max(1, math.ceil(len(bars) / 20))
+        return [(float(i), b.tick) for i, b in enumerate(bars) if i % step == 0]
+    lo, hi = int(min(b.x for b in bars)), int(max(b.x for b in bars))
+    span = max(1, hi - lo)
+    step = next(s for s in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9) if span / s <= 10)
+    first = lo if lo % step == 0 else lo + step - lo % step
+    ticks = [(float(x), str(x)) for x in range(first, hi + 1, step)]
+    return ticks if ticks else [(float(lo), str(lo))]
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.3g}"
+
+
+def rate_by_batch(report: Report, check: str) -> list[Bar]:
+    """Per scheduled batch size: the percentage of its trials in which `check` found a divergence."""
     sizes = {t.trial_id: len(t.fillers) + 1 for t in report.schedule if t.origin == "schedule"}
-    diverged = {d.trial_id for d in report.divergences if d.check == check and not d.evidence.get("shrunk")}
+    diverged = {d.trial_id for d in report.divergences if d.check == check and not is_minimal(d)}
     total: Counter[int] = Counter(sizes.values())
     bad: Counter[int] = Counter(sizes[t] for t in diverged if t in sizes)
-    return [(str(b), 100.0 * bad[b] / total[b]) for b in sorted(total)]
+    return [Bar(b, 100.0 * bad[b] / total[b], f"{bad[b]}/{total[b]}", str(b),
+                f"batch {b}: {bad[b]} of {total[b]} trials diverged") for b in sorted(total)]
+
+
+def step_histogram(divs: list[Any]) -> list[Bar]:
+    """Divergences per first-divergence step, every step between the first and the last shown (in
+    bins of several steps when there are more than 40)."""
+    steps: Counter[int] = Counter(d.step for d in divs)
+    if not steps:
+        return []
+    lo, hi = min(steps), max(steps)
+    width = max(1, math.ceil((hi - lo + 1) / 40))
+    bars = []
+    for start in range(lo, hi + 1, width):
+        n = sum(steps[s] for s in range(start, start + width))
+        name = str(start) if width == 1 else f"{start}-{start + width - 1}"
+        bars.append(Bar(start, float(n), str(n), name, f"step {name}: {n} divergences"))
+    return bars
+
+
+def ulp_histogram(divs: list[Any]) -> list[Bar]:
+    """log2 buckets of the ULP distance from the smallest to the largest seen, empty ones included;
+    bucket `0` holds divergences with equal logprobs (the logits or tokens differ)."""
+    ulps = [d.ulp for d in divs if d.ulp is not None]
+    if not ulps:
+        return []
+    buckets: Counter[int] = Counter(-1 if u == 0 else int(math.log2(u)) for u in ulps)
+    out = []
+    for k in range(min(buckets), max(buckets) + 1):
+        name = "0" if k < 0 else f"2^{k}"
+        out.append(Bar(k, float(buckets[k]), str(buckets[k]), name, f"ULP bucket {name}: {buckets[k]}"))
+    return out
+
+
+def _plots(report: Report) -> str:
+    out = []
+    checks = [c.name for c in report.checks]
+    checks += sorted({d.check for d in report.divergences} - set(checks))
+    for check in checks:
+        divs = [d for d in report.divergences if d.check == check]
+        if not divs:
+            continue
+        figs = []
+        if any(d.trial_id is not None for d in divs) and report.schedule:
+            figs.append(_plot(f"{check}: divergence rate by batch size", rate_by_batch(report, check),
+                              "batch size (requests in the trial)", "trials diverged (%)", numeric_x=True))
+        figs.append(_plot(f"{check}: first-divergence step", step_histogram(divs), "generated step",
+                          "divergences", numeric_x=False))
+        figs.append(_plot(f"{check}: ULP distance of the first divergent logprob", ulp_histogram(divs),
+                          "ULP distance (log2 bucket)", "divergences", numeric_x=False))
+        out.append(f'<section class="check-plots" id="plots-{e(check)}"><h3>{e(check)}</h3>{"".join(figs)}</section>')
+    return "".join(out) or "<p>no divergences to plot</p>"
+
+
+def _verdict_cell(c: Any) -> str:
+    shown = shown_verdict(c)
+    cls = "warning" if is_warning(c) else shown
+    text = f"warning: {shown}" if is_warning(c) else shown
+    return f'<td class="{e(cls)}">{e(text)}</td>'
 
 
 def render_html(report: Report) -> str:
-    e = html.escape
-    code = report.exit_code()
     rows = "".join(
-        f'<tr><td>{e(c.name)}</td><td>{e(c.requirement)}</td><td class="{e(c.verdict)}">{e(c.verdict)}</td>'
+        f"<tr><td>{e(c.name)}</td><td>{e(c.requirement)}</td>{_verdict_cell(c)}"
         f"<td>{c.trials}</td><td>{c.divergent}</td><td>{e(c.message)}</td></tr>" for c in report.checks)
-    steps: dict[str, Counter[int]] = defaultdict(Counter)
-    ulps: Counter[int] = Counter()
-    for d in report.divergences:
-        steps[d.check][d.step] += 1
-        if d.ulp:
-            ulps[int(math.log2(d.ulp))] += 1
-    plots = [
-        _bars("invariant-mode divergence rate by batch size (%)", _rate_by_batch(report, "invariance"), "%", "{:.0f}"),
-        _bars("production-mode divergence rate by batch size (%)", _rate_by_batch(report, "drift"), "%", "{:.0f}"),
-        _bars("first-divergence step (all checks)",
-              [(str(k), float(v)) for k, v in sorted(sum(steps.values(), Counter()).items())]),
-        _bars("ULP distance of the first divergent logprob (log2 bucket)",
-              [(f"2^{k}", float(v)) for k, v in sorted(ulps.items())]),
-    ]
+    divs = minimal_first(report.divergences)
+    localized = any(getattr(d, "localized_op", None) for d in divs)
+    loc_head = "<th>first diverging op</th><th>layer</th><th>pass</th>" if localized else ""
+
+    def loc(d: Any) -> str:
+        if not localized:
+            return ""
+        cells = localized_cells(d)
+        op = f"{cells['module']} ({cells['op']})" if cells["op"] else cells["module"]
+        return f"<td>{e(op)}</td><td>{e(cells['layer'])}</td><td>{e(cells['forward_pass'])}</td>"
+
     div_rows = "".join(
-        f"<tr><td>{e(d.check)}</td><td>{e(d.target)}</td><td>{d.trial_id}</td><td>{d.step}</td><td>{e(d.kind)}</td>"
-        f"<td>{d.expected_token} → {d.actual_token}</td><td>{d.ulp}</td>"
+        f"<tr{_MINIMAL if is_minimal(d) else ''}><td>{e(d.check)}</td><td>{e(d.target)}</td>"
+        f"<td>{'' if d.trial_id is None else e(d.trial_id)}{' (minimal, shrunk)' if is_minimal(d) else ''}</td>"
+        f"<td>{d.step}</td><td>{e(d.kind)}</td><td>{e(d.expected_token)} → {e(d.actual_token)}</td><td>{e(d.ulp)}</td>"
         f"<td>{'' if d.max_abs_logits_diff is None else f'{d.max_abs_logits_diff:.3g}'}</td>"
         f"<td>{'' if d.reference_margin is None else f'{d.reference_margin:.3g}'}</td>"
-        f"<td>{e(str(d.evidence.get('num_seqs', '')))}</td></tr>" for d in report.divergences[:200])
+        f"<td>{e(d.evidence.get('num_seqs', ''))}</td>{loc(d)}</tr>" for d in divs[:200])
+    more = f"<p>... and {len(divs) - 200} more in report.json</p>" if len(divs) > 200 else ""
     env = report.environment
-    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in env.items() if k != "target_names")
+    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in env.items() if k != "target_names")
     err = f'<p class="error">engine error: {e(report.error)}</p>' if report.error else ""
+    golden = "".join(f"<li>{e(x)}</li>" for c in report.checks if c.name == "golden" and c.verdict != "pass"
+                     for x in golden_lines(c))
+    golden = f"<h2>Golden: what differs</h2><ul>{golden}</ul>" if golden else ""
+    cov = coverage(report)
+    cov_html = ("<h2>Coverage</h2><table><tr><th>condition</th><th>trials</th></tr>"
+                + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in cov.items()) + "</table>") if cov else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>oracle report</title><style>{_CSS}</style></head>
 <body>
-<h1>oracle report: {'passed' if code == 0 else 'failed'} (exit {code})</h1>
-<p>seed {report.seed} · config {e(report.config_digest[:12])} · {report.timings.get('total_s', 0)} s</p>{err}
+<h1>oracle report: {e(headline(report))}</h1>
+<p>seed {e(report.seed)} · config {e(str(report.config_digest)[:12])} · {e(report.timings.get('total_s', 0))} s</p>{err}
 <h2>Checks</h2>
 <table><tr><th>check</th><th>requirement</th><th>verdict</th><th>trials</th><th>divergent</th><th>detail</th></tr>
 {rows}</table>
+{golden}{cov_html}
 <h2>Plots</h2>
-{''.join(plots)}
-<h2>Divergences ({len(report.divergences)})</h2>
+{_plots(report)}
+<h2>Divergences ({len(divs)})</h2>
 <table><tr><th>check</th><th>target</th><th>trial</th><th>step</th><th>kind</th><th>token</th><th>ULP</th>
-<th>max abs Δlogit</th><th>margin</th><th>seqs</th></tr>{div_rows}</table>
+<th>max abs Δlogit</th><th>margin</th><th>seqs</th>{loc_head}</tr>{div_rows}</table>{more}
 <h2>Environment</h2><table>{env_rows}</table>
 </body></html>
 """

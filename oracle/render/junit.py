@@ -1,48 +1,106 @@
-"""JUnit XML: one testcase per check and target, so CI systems list them as tests."""
+"""JUnit XML: one testcase per check and target, so CI systems list them as tests.
+
+It agrees with the verdict: a `<failure>` only where a required check failed for that target
+(its divergences, or its golden difference); a required check that failed or was vacuous with no
+target to blame fails one `all targets` case. Warn- and report-level findings are properties and
+`<system-out>`, never failures; a required check in error and an engine error are `<error>`. So
+the file has a failure or an error exactly when the exit code is not 0. Every string
+is made XML 1.0 safe (see oracle.render.escape), whatever the target names or error text hold.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 from xml.etree import ElementTree as ET
 
-from oracle.report import DivergenceRecord, Report
+from oracle.render.escape import xml_text
+from oracle.render.findings import golden_lines, is_minimal, localized_line
+from oracle.render.verdict import shown_verdict
+from oracle.report import Report
+
+_MAX_LISTED = 20
 
 
-def _describe(d: DivergenceRecord) -> str:
-    return (f"trial {d.trial_id} step {d.step} {d.kind}: token {d.expected_token} -> {d.actual_token}, "
+def _describe(d: Any) -> str:
+    text = (f"trial {d.trial_id} step {d.step} {d.kind}: token {d.expected_token} -> {d.actual_token}, "
             f"logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ulp {d.ulp}, margin {d.reference_margin}")
+    if is_minimal(d):
+        text += " [minimal trial, shrunk]"
+    where = localized_line(d)
+    return f"{text}; {where}" if where else text
+
+
+def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: object) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k: xml_text(v) for k, v in attrs.items()})
+    if text is not None:
+        el.text = xml_text(text)
+    return el
+
+
+def _properties(case: ET.Element, values: dict[str, object]) -> None:
+    props = _el(case, "properties")
+    for name, value in values.items():
+        _el(props, "property", name=name, value=value)
 
 
 def render_junit(report: Report) -> str:
-    by_check: dict[str, dict[str, list[DivergenceRecord]]] = defaultdict(lambda: defaultdict(list))
+    by_check: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     for d in report.divergences:
-        by_check[d.check][d.target].append(d)
-    targets = sorted({str(t) for t in report.environment.get("target_names", [])})
+        by_check[d.check][str(d.target)].append(d)
+    targets = {str(t) for t in report.environment.get("target_names", [])}
     suites = ET.Element("testsuites", name="oracle")
     for c in report.checks:
-        suite = ET.SubElement(suites, "testsuite", name=f"oracle.{c.name}")
-        names = targets or sorted(by_check[c.name]) or ["all"]
-        failures = errors = skipped = 0
-        for target in names:
-            case = ET.SubElement(suite, "testcase", classname=f"oracle.{c.name}", name=target)
-            divs = by_check[c.name].get(target, [])
-            if c.verdict == "error":
-                errors += 1
-                ET.SubElement(case, "error", message=c.message).text = report.error or c.message
-            elif divs and c.requirement not in ("report",):
-                failures += 1
-                ET.SubElement(case, "failure", message=f"{len(divs)} divergences").text = "\n".join(
-                    _describe(d) for d in divs[:20])
-            elif c.verdict == "vacuous":
-                skipped += 1
-                ET.SubElement(case, "skipped", message=f"vacuous: {c.message}")
-            elif c.verdict == "fail" and not divs:
-                failures += 1
-                ET.SubElement(case, "failure", message=c.message).text = c.message
-            ET.SubElement(case, "system-out").text = f"{c.requirement}: {c.verdict}: {c.message}"
-        suite.set("tests", str(len(names)))
-        suite.set("failures", str(failures))
-        suite.set("errors", str(errors))
-        suite.set("skipped", str(skipped))
+        suite = _el(suites, "testsuite", name=f"oracle.{c.name}")
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        golden = {str(g.get("target")): g for g in (c.evidence or {}).get("differing", [])} if c.name == "golden" else {}
+        divs_of = by_check.get(c.name, {})
+        blamed = False
+        for target in sorted(targets | set(divs_of) | set(golden)):
+            divs = divs_of.get(target, [])
+            case = _el(suite, "testcase", classname=f"oracle.{c.name}", name=target)
+            counts["tests"] += 1
+            _properties(case, {"requirement": c.requirement, "verdict": shown_verdict(c), "divergences": len(divs)})
+            detail = "\n".join(_describe(d) for d in divs[:_MAX_LISTED])
+            if len(divs) > _MAX_LISTED:
+                detail += f"\n... and {len(divs) - _MAX_LISTED} more in report.json"
+            if target in golden:
+                detail = "\n".join(ln for ln in golden_lines(c) if f"target {target}:" in ln or "changed since" in ln)
+            found = bool(divs) or target in golden
+            if c.verdict == "error" and c.blocks:
+                counts["errors"] += 1
+                _el(case, "error", report.error or c.message, message=c.message or "check error")
+            elif found and c.blocks:
+                counts["failures"] += 1
+                blamed = True
+                what = f"{len(divs)} divergences" if divs else "differs from the golden file"
+                _el(case, "failure", detail, message=f"{c.name}: {target}: {what}")
+            elif found:
+                # Warn- and report-level findings (or a required check that passed with them): never a failure.
+                _el(case, "system-out", f"{c.requirement}-level {c.name} finding ({shown_verdict(c)}):\n{detail}")
+                continue
+            _el(case, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
+        if not (c.verdict == "error" and c.blocks) and not blamed and (c.blocks or counts["tests"] == 0):
+            # A verdict with no target to blame: fidelity tolerances, a vacuous schedule, no targets at all.
+            case = _el(suite, "testcase", classname=f"oracle.{c.name}", name="all targets")
+            counts["tests"] += 1
+            _properties(case, {"requirement": c.requirement, "verdict": shown_verdict(c)})
+            if c.blocks:
+                counts["failures"] += 1
+                _el(case, "failure", c.message, message=f"{c.name}: {c.verdict}: {c.message}")
+            elif c.verdict in ("vacuous", "skipped"):
+                counts["skipped"] += 1
+                _el(case, "skipped", message=f"{c.verdict}: {c.message}")
+            _el(case, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
+        elif c.verdict in ("vacuous", "skipped") and not c.blocks:
+            # A warn-level vacuous check is a note on its suite, not a failure.
+            _el(suite, "system-out", f"{c.requirement}: {c.verdict}: {c.message}")
+        for key, value in counts.items():
+            suite.set(key, str(value))
+    if report.error:
+        suite = _el(suites, "testsuite", name="oracle.engine", tests=1, failures=0, errors=1, skipped=0)
+        case = _el(suite, "testcase", classname="oracle.engine", name="run")
+        lines = str(report.error).splitlines()
+        _el(case, "error", report.error, message=(lines[0] if lines else "engine error")[:200])
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -1,48 +1,81 @@
-"""A Markdown summary, ready to append to $GITHUB_STEP_SUMMARY."""
+"""A Markdown summary, ready to append to $GITHUB_STEP_SUMMARY.
+
+Every user string (target names, messages, engine errors) goes through `markdown_text`: HTML,
+backticks and cell breaks are escaped, so model text is never read as markup.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from oracle.render.escape import markdown_text
+from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first
+from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
 
-_ICON = {"pass": "pass", "fail": "**FAIL**", "vacuous": "*vacuous*", "error": "**ERROR**", "skipped": "skipped"}
+_ICON = {"pass": "pass", "fail": "**FAIL**", "vacuous": "*vacuous*", "error": "**ERROR**", "skipped": "skipped",
+         "reported": "*reported*"}
+_CHECKS = ("invariance", "repeatability", "prefill_decode", "prefix_cache", "drift")
 
 
-def _cell(x: object) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
+def _verdict_cell(c: Any) -> str:
+    shown = shown_verdict(c)
+    if is_warning(c):
+        return f"*warning: {shown}*"
+    return _ICON.get(shown, markdown_text(shown))
 
 
 def render_markdown(report: Report, max_rows: int = 10) -> str:
-    code = report.exit_code()
     env = report.environment
     lines = [
-        f"## oracle: {'passed' if code == 0 else 'failed'} (exit {code})",
+        f"## oracle: {headline(report)}",
         "",
-        f"seed `{report.seed}` · torch {env.get('torch')} · {env.get('gpu') or 'CPU'} · "
-        f"{env.get('trials', 0)} trials over {env.get('targets', 0)} targets · {report.timings.get('total_s', 0)} s",
+        f"seed `{report.seed}` · torch {markdown_text(env.get('torch'))} · {markdown_text(env.get('gpu') or 'CPU')} · "
+        f"{env.get('trials', 0)} trials over {env.get('targets', 0)} targets · {report.timings.get('total_s', 0)} s · "
+        f"config `{str(report.config_digest)[:12]}`",
         "",
         "| check | requirement | verdict | trials | divergent | detail |",
         "| --- | --- | --- | ---: | ---: | --- |",
     ]
     for c in report.checks:
-        lines.append(f"| {c.name} | {c.requirement} | {_ICON.get(c.verdict, c.verdict)} | {c.trials} | "
-                     f"{c.divergent} | {_cell(c.message)} |")
+        lines.append(f"| {c.name} | {c.requirement} | {_verdict_cell(c)} | {c.trials} | "
+                     f"{c.divergent} | {markdown_text(c.message)} |")
     if report.error:
-        lines += ["", f"**engine error:** {_cell(report.error)}"]
-    for check in ("invariance", "repeatability", "prefill_decode", "drift"):
-        rows = [d for d in report.divergences if d.check == check]
+        lines += ["", f"**engine error:** {markdown_text(report.error)}"]
+    for c in report.checks:
+        if c.name == "golden" and c.verdict != "pass":
+            found = golden_lines(c)
+            if found:
+                lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
+    for check in _CHECKS:
+        rows = minimal_first([d for d in report.divergences if d.check == check])
         if not rows:
             continue
+        localized = any(getattr(d, "localized_op", None) for d in rows)
         lines += ["", f"### {check}: first divergences ({len(rows)} in all)", "",
-                  "| target | trial | step | kind | token exp → act | ULP | max abs Δlogit | margin | seqs in pass |",
-                  "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+                  "| target | trial | step | kind | token exp → act | ULP | max abs Δlogit | margin | seqs in pass |"
+                  + (" first diverging op |" if localized else ""),
+                  "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |" + (" --- |" if localized else "")]
         for d in rows[:max_rows]:
-            lines.append(
-                f"| {_cell(d.target)} | {d.trial_id} | {d.step} | {d.kind} | {d.expected_token} → {d.actual_token} | "
-                f"{d.ulp} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
-                f"{d.evidence.get('num_seqs', '')} |")
-    replay = next((d for d in report.divergences if d.check == "invariance" and d.trial_id is not None), None)
+            trial = "" if d.trial_id is None else str(d.trial_id)
+            trial = f"**{trial} (minimal, shrunk)**" if is_minimal(d) else trial
+            row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {d.kind} | {d.expected_token} → "
+                   f"{d.actual_token} | {d.ulp} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
+                   f"{markdown_text(d.evidence.get('num_seqs', ''))} |")
+            if localized:
+                where = localized_line(d) or ""
+                row += f" {markdown_text(where.removeprefix('first diverging op: '))} |"
+            lines.append(row)
+        if len(rows) > max_rows:
+            lines += ["", f"... and {len(rows) - max_rows} more in report.json"]
+    cov = coverage(report)
+    if cov:
+        lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
+        lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in cov.items()]
+    replay = next((d for d in minimal_first(report.divergences) if d.check == "invariance" and d.trial_id is not None),
+                  None)
     if replay:
-        lines += ["", f"Replay: `oracle replay REPORT_DIR/report.json --trial {replay.trial_id}`"]
+        lines += ["", f"Replay: `oracle replay REPORT_DIR/report.json --trial {int(replay.trial_id)}`"]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,41 @@
+"""Making user strings safe for each output: model text, target names and error messages are data,
+never markup, terminal escapes or XML that a parser rejects."""
+
+from __future__ import annotations
+
+import html
+import re
+
+# XML 1.0 allows tab, newline, carriage return and everything from U+0020 except lone surrogates
+# and U+FFFE/U+FFFF; anything else makes a JUnit parser reject the whole file.
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+# C0 and C1 control characters (ESC starts terminal escape sequences, CSI is U+009B) and the
+# bidirectional overrides that reorder what a terminal or a browser shows; lone surrogates, which
+# no file encoding can write.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_CONTROL_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _codepoint(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def xml_text(s: object) -> str:
+    """`s` as text XML 1.0 accepts: forbidden characters written as `\\xNN` (ElementTree escapes the rest)."""
+    return _XML_FORBIDDEN.sub(_codepoint, str(s))
+
+
+def terminal_text(s: object, newlines: bool = False) -> str:
+    """`s` without control or escape bytes (written as `\\xNN`); newlines kept only when `newlines`."""
+    text = str(s)
+    if not newlines:
+        text = text.replace("\r\n", " ").replace("\n", " ")
+        return _CONTROL_OR_NEWLINE.sub(_codepoint, text)
+    return _CONTROL.sub(_codepoint, text)
+
+
+def markdown_text(s: object) -> str:
+    """`s` for a Markdown table cell or line: no HTML, no code spans, no cell breaks, no control bytes."""
+    text = html.escape(terminal_text(s), quote=False)
+    return text.replace("\\", "\\\\").replace("`", "\\`").replace("|", "\\|")
