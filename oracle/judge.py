@@ -360,7 +360,7 @@ def golden(runs: Runs, requirement: str) -> Judged:
     changed = {k: v for k, v in changed.items()
                if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production"))}
     ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed,
-          "golden_config_digest": runs.golden.get("config_digest")}
+          "config_digest": {"golden": runs.golden.get("config_digest"), "now": runs.config.digest()}}
     if not refs:
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
                                   message="no reference completed"))

@@ -155,10 +155,11 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
     console.print(t)
     for d in shown:
         if is_minimal(d):
-            plan: dict[str, Any] = d.trial or {}
-            batch = len(plan.get("fillers", [])) + 1 if plan else "?"
-            console.print(f"minimal failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
-                          f"{terminal_text(d.target)} at position {plan.get('position', '?')}; replay: "
+            size = "minimal" if d.evidence.get("minimal") else "smallest found"
+            batch = len(d.trial.fillers) + 1 if d.trial else "?"
+            position = d.trial.position if d.trial else "?"
+            console.print(f"{size} failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
+                          f"{terminal_text(d.target)} at position {position}; replay: "
                           f"oracle replay REPORT.json --trial {d.trial_id}", style="bold")
         where = localized_line(d)
         if where:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from oracle.report import CheckResult, DivergenceRecord, Report
@@ -28,6 +27,7 @@ def divergence(check: str, target: str, trial_id: int | None, *, mode: str = "in
     ev: dict[str, Any] = {"num_seqs": batch}
     if shrunk:
         ev["shrunk"] = True
+        ev["minimal"] = True
     return DivergenceRecord(
         check=check, mode=mode, target=target, trial_id=trial_id,
         trial=trial(trial_id, batch) if trial_id is not None else None, request_id=f"r{trial_id}", step=step,
@@ -79,9 +79,6 @@ def hand_report(*, error: str | None = None, with_extras: bool = True) -> Report
         schedule=[trial(i, b) for i, b in enumerate([3, 9, 1, 3, 5, 9], start=1)], error=error,
         complete=error is None,
     )
-    if with_extras and "coverage" in inspect.signature(Report).parameters:
+    if with_extras:
         kwargs["coverage"] = COVERAGE
-    report = Report(**kwargs)
-    if with_extras and not hasattr(report, "coverage"):
-        report.coverage = COVERAGE  # type: ignore[attr-defined]  # the field this renderer keys on, not there yet
-    return report
+    return Report(**kwargs)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import io
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -22,11 +22,16 @@ from rich.console import Console
 
 from oracle.config import parse_config
 from oracle.render.console import ConsoleObserver, print_summary
+from oracle.render.files import write_formats
 from oracle.render.html import render_html
 from oracle.render.junit import render_junit
 from oracle.render.markdown import render_markdown
 from oracle.report import Report
 from oracle.runner import run
+
+
+def replace(model: Any, **changes: Any) -> Any:
+    return model.model_copy(update=changes)
 
 
 def _failures(xml: str) -> set[tuple[str, str]]:
@@ -56,7 +61,7 @@ def test_junit_failures_are_the_required_divergences_of_a_real_run(tmp_path: Pat
         "checks": {"repeatability": "warn"},
         "report_dir": str(tmp_path / "report"),
     }
-    run(parse_config(cfg))
+    run(parse_config(cfg), views=[write_formats])
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     blocking = {c["name"] for c in data["checks"] if c["requirement"] == "required" and c["verdict"] == "fail"}
     expected = {(d["check"], d["target"]) for d in data["divergences"] if d["check"] in blocking}
