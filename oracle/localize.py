@@ -471,6 +471,12 @@ def _hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> 
 
 
 def _capture_transformers(engine: Any, run: RunSpec) -> Captured:
+    """Hooks on `engine.model`: every submodule's qualified name is the scope; the top forward is a pass.
+
+    Where the target's tokens sit in a forward comes from `_hf_layout` (`input_ids` [B, S], row
+    `target_index`), or from `engine.localize_layout(forward_pass, forward_kwargs, target_index)
+    -> PassLayout | None` when the engine defines one.
+    """
     model: torch.nn.Module = engine.model
     stack: list[str] = []
     capture = RowCapture(lambda: stack[-1] if stack else "")
@@ -478,9 +484,12 @@ def _capture_transformers(engine: Any, run: RunSpec) -> Captured:
     active: list[contextlib.ExitStack] = []
     handles: list[Any] = []
 
+    # An engine that lays its rows out otherwise (packed, one row per request) says where the target is.
+    layout_of = getattr(engine, "localize_layout", None) or _hf_layout
+
     def begin(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        layout = _hf_layout(next(counter), {**kwargs, **({"input_ids": args[0]} if args else {})},
-                            run.target_index)
+        layout = layout_of(next(counter), {**kwargs, **({"input_ids": args[0]} if args else {})},
+                           run.target_index)
         if layout is None:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
