@@ -23,6 +23,7 @@ two runs: prefill vs decode, cold vs warm cache) and `localize_from_report` (`or
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -238,10 +239,10 @@ class RowCapture(TorchDispatchMode):
             p for t in flat_in if isinstance(t, torch.Tensor) and (p := self._producer.get(t)) is not None))
         if not producers:
             return out
-        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)] or _written(func, args, kwargs)
         for j, t in enumerate(flat_out):
             key: OpKey = (module, name if len(flat_out) == 1 else f"{name}[{j}]", occurrence)
-            if func._schema.is_mutable and t not in self._producer:
+            if out is not None and func._schema.is_mutable and t not in self._producer:
                 continue  # a write into a buffer that holds no rows (the KV cache): not the target's rows
             if getattr(func, "is_view", False) and len(producers) == 1:
                 # A view holds the same values as its base: pass the base's identity on.
@@ -250,6 +251,13 @@ class RowCapture(TorchDispatchMode):
                 continue
             self._record(key, t, producers)
         return out
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors an op that returns nothing writes into (an `out`/`output` argument, as vLLM's attention)."""
+    named = dict(zip((a.name for a in func._schema.arguments), args, strict=False)) | dict(kwargs or {})
+    return [t for a in func._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(t := named.get(a.name), torch.Tensor)]
 
 
 def _fits(t: torch.Tensor, layout: PassLayout) -> bool:
@@ -414,7 +422,7 @@ def _native_layout(forward_pass: int, step: int, batch: list[ScheduledSeq], inpu
 
 def _capture_native(engine: NativeEngine, run: RunSpec) -> Captured:
     capture = RowCapture(lambda: engine.decoder.scopes.path[-1] if engine.decoder.scopes.path else "")
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
 
     @contextlib.contextmanager
     def hook(step: int, batch: list[ScheduledSeq], inputs: StepInputs) -> Iterator[None]:
@@ -480,7 +488,7 @@ def _capture_transformers(engine: Any, run: RunSpec) -> Captured:
     model: torch.nn.Module = engine.model
     stack: list[str] = []
     capture = RowCapture(lambda: stack[-1] if stack else "")
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
     active: list[contextlib.ExitStack] = []
     handles: list[Any] = []
 
@@ -533,6 +541,11 @@ def _reset(engine: Any) -> None:
         reset()
 
 
+def _runs_elsewhere(engine: Any) -> bool:
+    """Engines whose model runs in another process localize there: `engine.localize(expected, actual)`."""
+    return callable(getattr(engine, "localize", None))
+
+
 def capture_run(engine: Any, run: RunSpec) -> Captured:
     """Run `run` on `engine` with the target's rows captured per op. EngineError for engines we cannot hook."""
     from oracle.engines.native.engine import NativeEngine
@@ -546,18 +559,23 @@ def capture_run(engine: Any, run: RunSpec) -> Captured:
 
 
 def can_localize(engine: Any) -> bool:
-    """True for engines whose ops run in this process (native, transformers, a NativeEngine subclass)."""
+    """True for engines we can capture: in this process (native, transformers) or in their worker (vLLM)."""
     from oracle.engines.native.engine import NativeEngine
 
-    return isinstance(engine, NativeEngine) or isinstance(getattr(engine, "model", None), torch.nn.Module)
+    return (isinstance(engine, NativeEngine) or isinstance(getattr(engine, "model", None), torch.nn.Module)
+            or _runs_elsewhere(engine))
 
 
 def localize_runs(engine: Any, expected: RunSpec, actual: RunSpec) -> LocalizedOp | None:
     """Capture both runs on `engine` and name the first op whose target rows differ (None: no op differs).
 
     Both runs start from a reset prefix cache. The engine keeps its mode: pass the engine whose
-    runs diverged (the invariant one for an invariance failure).
+    runs diverged (the invariant one for an invariance failure). An engine whose model runs in a
+    worker process (vLLM) does both captures there, in eager mode: `engine.localize(expected, actual)`.
     """
+    if _runs_elsewhere(engine):
+        found: LocalizedOp | None = engine.localize(expected, actual)
+        return found
     with torch.no_grad():
         exp = capture_run(engine, expected)
         act = capture_run(engine, actual)
