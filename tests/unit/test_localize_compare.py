@@ -90,3 +90,43 @@ def test_capture_keeps_only_the_targets_rows_of_token_aligned_outputs() -> None:
     assert capture.calls[2].positions == (7, 8)
     assert torch.equal(capture.calls[2].rows, y[2:4])
     assert capture.calls[2].inputs == (("model.layers.0.mlp.up_proj", "aten.embedding.default", 0),)
+
+
+@torch.library.custom_op("oracle_test::write_rows", mutates_args=("out",))
+def _write_rows(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x * 2)
+
+
+def test_an_op_that_writes_its_output_argument_is_captured() -> None:
+    # vLLM's attention writes into a preallocated `output` and returns nothing.
+    capture = RowCapture(lambda: "model.layers.0.self_attn.attn")
+    ids = torch.arange(4)
+    layout = PassLayout(0, 0, (Grid((4,), ((1,),), (5,)),), {})
+    with capture.forward_pass(layout, (ids,)):
+        x = ids.to(torch.float32)  # [4], recorded
+        out = torch.empty(4)
+        _write_rows(x, out)
+    assert [c.key[1] for c in capture.calls] == ["input", "aten._to_copy.default", "oracle_test.write_rows.default"]
+    assert capture.calls[2].rows.tolist() == [2.0]
+
+
+def test_vllm_rows_are_found_by_position_and_token() -> None:
+    from types import SimpleNamespace
+
+    from oracle.engines.vllm_worker import _rows_of, _Scheduled, _vllm_layout
+
+    # A pass of a decode (request a at position 7) then a 3-token prefill chunk (request b, positions 4-6).
+    positions, ids = [7, 4, 5, 6], [70, 40, 50, 60]
+    assert _rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 40, 50, 60]) == [1]
+    assert _rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 41, 50, 60]) == []
+    now = {"a": _Scheduled(2, 4, False, True, 7, 1, num_new_tokens=1),
+           "b": _Scheduled(2, 4, True, True, 4, 0, num_new_tokens=3)}
+    engine = SimpleNamespace(
+        tap=SimpleNamespace(passes=[now]), spec=SimpleNamespace(enforce_eager=True),
+        scheduler=SimpleNamespace(requests={"a": SimpleNamespace(all_token_ids=[0] * 7 + [70]),
+                                            "b": SimpleNamespace(all_token_ids=[0, 0, 0, 0, 40, 50, 60])}))
+    layout = _vllm_layout(engine, 3, 9, {"positions": torch.tensor(positions), "input_ids": torch.tensor(ids)}, "b")
+    tokens, logits = layout.grids
+    assert tokens.shape == (4,) and tokens.rows == ((1,), (2,), (3,)) and tokens.positions == (4, 5, 6)
+    assert logits.shape == (2,) and logits.rows == ((1,),) and logits.positions == (6,)  # b's rows come second
+    assert layout.evidence["num_prefill_tokens"] == 3 and layout.evidence["num_decode_tokens"] == 1
