@@ -202,11 +202,14 @@ class VllmEngine:
             found = self._live().call(("localize", expected, actual), self.timeout_s)
             return LocalizedOp.from_json(found) if found is not None else None
         self.close()
-        eager = _Worker.start(replace(self.spec, enforce_eager=True, audit=False), self.env, self.start_timeout_s)
         try:
-            found = eager.call(("localize", expected, actual), self.timeout_s)
+            eager = _Worker.start(replace(self.spec, enforce_eager=True, audit=False), self.env,
+                                  self.start_timeout_s)
+            try:
+                found = eager.call(("localize", expected, actual), self.timeout_s)
+            finally:
+                eager.stop()
         finally:
-            eager.stop()
             self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         return LocalizedOp.from_json(found) if found is not None else None
 
