@@ -457,14 +457,15 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
             state["step"] += 1
 
     def run(spec: RunSpec) -> Captured:
-        capture.calls.clear()
-        capture.passes.clear()
-        state["step"] = 0
-        state["counter"] = itertools.count()
+        state["target"] = None  # nothing is captured while the cache is warmed
         if engine.spec.enable_prefix_caching:
             engine.engine.reset_prefix_cache()
         if spec.warm_with:
             engine.generate(list(spec.warm_with), None)
+        capture.calls.clear()
+        capture.passes.clear()
+        state["step"] = 0
+        state["counter"] = itertools.count()
         state["target"] = spec.requests[spec.target_index].request_id
         out = engine.generate(list(spec.requests), spec.budget)
         return Captured(tuple(capture.calls), tuple(capture.passes), out[spec.target_index])
