@@ -31,13 +31,17 @@ import tempfile
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oracle.engines.base import MODES, Completion, Mode, Request
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    from oracle.localize import LocalizedOp, RunSpec
 
 INVARIANCE = {
     "oracle_kernels": "oracle_kernels in the worker (torch.library overrides; linear layers moved from "
@@ -104,6 +108,7 @@ class VllmEngine:
             max_model_len=max_model_len, seed=seed, audit=audit, engine_args=dict(engine_args or {}),
         )
         self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
         self.env = self._worker_env(mode, invariance, threads, split_kv, kv_cache_space_gib, log_level, env or {})
         self._worker: _Worker | None = None
         self._worker = _Worker.start(self.spec, self.env, start_timeout_s)
@@ -182,6 +187,31 @@ class VllmEngine:
             raise ConfigError("vllm engine: request ids within one generate call must be unique")
         result = self._live().call(("generate", list(requests), budget), self.timeout_s)
         return list(result)
+
+    def localize(self, expected: RunSpec, actual: RunSpec) -> LocalizedOp | None:
+        """Capture both runs per op in an eager worker; the first op whose target rows differ (oracle.localize).
+
+        CUDA graphs and torch.compile hide ops from capture, so an engine built without
+        `enforce_eager` localizes in a second, eager worker started for the purpose (this one is
+        stopped meanwhile, to leave it the device) and restarted after. The result says it was eager
+        and whether the eager rerun still diverged.
+        """
+        from oracle.localize import LocalizedOp
+
+        if self.spec.enforce_eager:
+            found = self._live().call(("localize", expected, actual), self.timeout_s)
+            return LocalizedOp.from_json(found) if found is not None else None
+        self.close()
+        try:
+            eager = _Worker.start(replace(self.spec, enforce_eager=True, audit=False), self.env,
+                                  self.start_timeout_s)
+            try:
+                found = eager.call(("localize", expected, actual), self.timeout_s)
+            finally:
+                eager.stop()
+        finally:
+            self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
+        return LocalizedOp.from_json(found) if found is not None else None
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""

@@ -6,7 +6,7 @@ vLLM reads those once, at import and engine start, and `torch.library` overrides
 FD is one end of a socket pair; messages are pickled tuples (`multiprocessing.connection`):
 
     parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, budget),
-                      ("reset_prefix_cache",), ("close",)
+                      ("localize", expected RunSpec, actual RunSpec), ("reset_prefix_cache",), ("close",)
     worker -> parent: ("ready", info) | ("ok", result) | ("error", text) | ("config_error", text)
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so this module steps it
@@ -71,6 +71,7 @@ class _Scheduled:
     completes: bool  # the pass reaches the end of the known tokens, so it samples a token
     num_computed_before: int
     num_output_tokens: int
+    num_new_tokens: int = 0
 
 
 class _SchedulerTap:
@@ -97,7 +98,7 @@ class _SchedulerTap:
             one[rid] = _Scheduled(
                 num_seqs=len(counts), num_tokens=total, is_prefill=after - n < req.num_prompt_tokens,
                 completes=after >= req.num_tokens, num_computed_before=after - n,
-                num_output_tokens=int(req.num_output_tokens),
+                num_output_tokens=int(req.num_output_tokens), num_new_tokens=int(n),
             )
         if total:
             self.passes.append(one)
@@ -173,6 +174,7 @@ class WorkerEngine:
         core = client.engine_core
         self.scheduler = core.scheduler
         self.tap = _SchedulerTap(self.scheduler)
+        self.internal_ids: dict[str, str] = {}  # the caller's request id -> vLLM's
         self.vocab_size = int(self.engine.model_config.get_vocab_size())
         self.info: dict[str, Any] = {
             "engine_version": vllm.__version__, "vocab_size": self.vocab_size,
@@ -220,6 +222,19 @@ class WorkerEngine:
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())
 
+    def localize(self, expected: Any, actual: Any) -> dict[str, Any] | None:
+        """Capture both runs (`oracle.localize.RunSpec`) per op here; the first differing op as JSON, or None.
+
+        Only meaningful with `enforce_eager`: CUDA graphs and torch.compile run ops no dispatch mode sees.
+        """
+        from oracle.localize import first_differing_op
+
+        with _vllm_capture(self) as capture:
+            exp = capture(expected)
+            act = capture(actual)
+        found = first_differing_op(exp, act, eager=self.spec.enforce_eager)
+        return found.to_json() if found is not None else None
+
     def generate(self, requests: Sequence[Request], budget: int | None) -> list[Completion]:
         """Add each request when the step counter reaches its arrival step; step until all finish."""
         # vLLM's own knob for a scheduling budget below the batch capacity the engine was built with.
@@ -258,6 +273,7 @@ class WorkerEngine:
                 )
                 prompt: Any = {"prompt_token_ids": list(r.prompt_token_ids)}  # a TokensPrompt
                 rid = self.engine.add_request(r.request_id, prompt, params)
+                self.internal_ids[r.request_id] = rid
                 out = Completion(r.request_id, [], [], logits=[] if s.logits == "full" else None,
                                  logits_digests=[] if s.logits == "digest" else None, top2=[])
                 tracks[rid] = _Track(order[added], out, s.logits)
@@ -318,6 +334,152 @@ class WorkerEngine:
             t.out.top2.append(top2)
 
 
+def _find_model(engine: WorkerEngine) -> Any:
+    """The model (an nn.Module) inside vLLM's in-process engine core: executor -> worker -> runner -> model."""
+    core = engine.engine.engine_core.engine_core
+    executor = core.model_executor
+    worker = getattr(executor, "driver_worker", None)
+    worker = getattr(worker, "worker", worker)
+    runner = getattr(worker, "model_runner", None)
+    model = getattr(runner, "model", None)
+    if model is None and runner is not None and hasattr(runner, "get_model"):
+        model = runner.get_model()
+    if model is None:
+        raise RuntimeError("localize: cannot find the model in this vLLM version's engine core")
+    return model
+
+
+def _rows_of(positions: list[int], ids: list[int] | None, start: int, n: int, tokens: list[int] | None) -> list[int]:
+    """Every row r of a flattened pass where a sequence's tokens start..start+n-1 could sit (by position and id)."""
+    want = list(range(start, start + n))
+    hits = []
+    for r in range(len(positions) - n + 1):
+        if positions[r] != start or positions[r:r + n] != want:
+            continue
+        if ids is not None and tokens is not None and ids[r:r + n] != tokens[start:start + n]:
+            continue
+        hits.append(r)
+    return hits
+
+
+def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dict[str, Any],
+                 target_rid: str) -> Any:
+    """The target's rows in one vLLM forward over flattened `[num_tokens]` inputs.
+
+    The scheduler tap says which positions the target computes in this pass; its rows are the
+    run of rows holding those positions (and its token ids); its logits row is its rank among the
+    pass's sequences, which vLLM lays out in the order of their rows.
+    """
+    from oracle.localize import Grid, PassLayout
+
+    if not engine.tap.passes:
+        return None
+    now = engine.tap.passes[-1]
+    me = now.get(target_rid)
+    positions_t, ids_t = kwargs.get("positions"), kwargs.get("input_ids")
+    if me is None or positions_t is None:
+        return None
+    positions = [int(p) for p in positions_t.reshape(-1).tolist()]
+    ids = [int(i) for i in ids_t.reshape(-1).tolist()] if ids_t is not None else None
+    starts: dict[str, list[int]] = {}
+    for rid, sched in now.items():
+        request = engine.scheduler.requests.get(rid)
+        tokens = list(getattr(request, "all_token_ids", [])) or None
+        starts[rid] = _rows_of(positions, ids, sched.num_computed_before, sched.num_new_tokens, tokens)
+    mine = starts[target_rid]
+    if len(mine) != 1:
+        return None  # not found, or another sequence holds the same tokens at the same positions
+    first, n, c = mine[0], me.num_new_tokens, me.num_computed_before
+    grids = [Grid((len(positions),), tuple((first + k,) for k in range(n)), tuple(range(c, c + n)))]
+    if me.completes and all(len(v) == 1 for v in starts.values()) and len(now) != len(positions):
+        rank = sorted(v[0] for v in starts.values()).index(first)
+        grids.append(Grid((len(now),), ((rank,),), (c + n - 1,)))
+    prefill = [p for p in now.values() if p.is_prefill]
+    evidence = {"num_seqs": me.num_seqs, "num_tokens": me.num_tokens,
+                "num_prefill_tokens": sum(p.num_new_tokens for p in prefill),
+                "num_decode_tokens": sum(p.num_new_tokens for p in now.values() if not p.is_prefill),
+                "target_num_tokens": n, "target_is_prefill": me.is_prefill,
+                "target_kv_len": c + n, "enforce_eager": engine.spec.enforce_eager}
+    return PassLayout(forward_pass, step, tuple(grids), evidence)
+
+
+@contextlib.contextmanager
+def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
+    """Yields `capture(run) -> Captured`: hooks on every module of vLLM's model name the scope; the
+    model's forward opens a pass that stays open through the step (vLLM computes logits after it)."""
+    import itertools
+
+    import torch
+
+    from oracle.localize import Captured, RowCapture, RunSpec
+
+    model = _find_model(engine)
+    stack: list[str] = []
+    state: dict[str, Any] = {"target": None, "step": 0, "open": None, "counter": itertools.count()}
+    capture = RowCapture(lambda: stack[-1] if stack else "")
+
+    def close_pass() -> None:
+        if state["open"] is not None:
+            state["open"].close()
+            state["open"] = None
+
+    def begin(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        close_pass()
+        named = dict(zip(("input_ids", "positions"), args, strict=False)) | kwargs
+        rid = engine.internal_ids.get(state["target"])  # set when the request was added, before its first pass
+        layout = _vllm_layout(engine, next(state["counter"]), state["step"], named, rid) if rid else None
+        if layout is None:
+            return
+        exits = contextlib.ExitStack()
+        ids = named.get("input_ids")
+        exits.enter_context(capture.forward_pass(layout, (ids,) if isinstance(ids, torch.Tensor) else ()))
+        state["open"] = exits
+
+    def push(name: str) -> Any:
+        return lambda module, args: stack.append(name)
+
+    def pop(module: Any, args: Any, output: Any) -> None:
+        if stack:
+            stack.pop()
+
+    handles = [model.register_forward_pre_hook(begin, with_kwargs=True)]
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(push(name)))
+            handles.append(module.register_forward_hook(pop, always_call=True))
+    original_step = engine.engine.step
+
+    def step() -> Any:
+        try:
+            return original_step()
+        finally:
+            close_pass()
+            state["step"] += 1
+
+    def run(spec: RunSpec) -> Captured:
+        state["target"] = None  # nothing is captured while the cache is warmed
+        if engine.spec.enable_prefix_caching:
+            engine.engine.reset_prefix_cache()
+        if spec.warm_with:
+            engine.generate(list(spec.warm_with), None)
+        capture.calls.clear()
+        capture.passes.clear()
+        state["step"] = 0
+        state["counter"] = itertools.count()
+        state["target"] = spec.requests[spec.target_index].request_id
+        out = engine.generate(list(spec.requests), spec.budget)
+        return Captured(tuple(capture.calls), tuple(capture.passes), out[spec.target_index])
+
+    engine.engine.step = step
+    try:
+        yield run
+    finally:
+        del engine.engine.step
+        close_pass()
+        for h in handles:
+            h.remove()
+
+
 def _threads() -> dict[str, Any]:
     import os
 
@@ -352,6 +514,8 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
         try:
             if op == "generate":
                 result: Any = engine.generate(msg[1], msg[2])
+            elif op == "localize":
+                result = engine.localize(msg[1], msg[2])
             elif op == "reset_prefix_cache":
                 result = engine.reset_prefix_cache()
             else:

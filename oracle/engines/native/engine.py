@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,8 @@ class NativeEngine:
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
         self._allocator = BlockAllocator(0, block_size)
+        # Per-op capture (oracle.localize): called with each pass's step, batch and inputs; wraps its forward.
+        self.capture: Callable[[int, list[ScheduledSeq], StepInputs], contextlib.AbstractContextManager[None]] | None = None
 
     def describe(self) -> dict[str, Any]:
         c = self.decoder.config
@@ -161,7 +163,8 @@ class NativeEngine:
         generators: list[torch.Generator | None],
     ) -> dict[int, int]:
         inputs = self._prepare(batch)
-        logits = self.decoder.forward(inputs, self._kv)  # [R, vocab] float32
+        with self.capture(step, batch, inputs) if self.capture else contextlib.nullcontext():
+            logits = self.decoder.forward(inputs, self._kv)  # [R, vocab] float32
         logprobs = torch.log_softmax(logits, dim=-1)  # [R, vocab]
         num_tokens = int(inputs.input_ids.shape[0])
         sampled: dict[int, int] = {}

@@ -9,6 +9,7 @@ can replace it without touching the model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import TracebackType
 
 import oracle_kernels
 import torch
@@ -53,6 +54,28 @@ class StepInputs:
     num_kv_splits: int
 
 
+class Scopes:
+    """The module path the forward pass is in, by HF names (`model.layers.1.mlp.down_proj`).
+
+    `with scopes("name"):` pushes a full path onto `path`; per-op capture (oracle.localize) reads
+    `path[-1]` to name the module an op ran in. Costs a list append and pop per scope.
+    """
+
+    def __init__(self) -> None:
+        self.path: list[str] = []
+
+    def __call__(self, name: str) -> Scopes:
+        self.path.append(name)
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.path.pop()
+
+
 class Decoder:
     """Weights plus the forward pass. Holds no per-request state: the KV cache is passed in."""
 
@@ -65,6 +88,7 @@ class Decoder:
             c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device) / c.head_dim)
         )
         self.lm_head = weights["lm_head.weight"] if not c.tie_word_embeddings else weights["model.embed_tokens.weight"]
+        self.scopes = Scopes()
 
     @property
     def device(self) -> torch.device:
@@ -98,36 +122,62 @@ class Decoder:
         """Run all layers; returns float32 logits [R, vocab] for `inputs.logits_indices`."""
         c = self.config
         w = self.w
+        scope = self.scopes
         num_tokens = inputs.input_ids.shape[0]
-        h = F.embedding(inputs.input_ids, w["model.embed_tokens.weight"])  # [T, hidden]
-        cos, sin = self._rope_tables(inputs.positions)
+        with scope("model.embed_tokens"):
+            h = F.embedding(inputs.input_ids, w["model.embed_tokens.weight"])  # [T, hidden]
+        with scope("model.rotary_emb"):
+            cos, sin = self._rope_tables(inputs.positions)
         scale = c.head_dim**-0.5
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            x = self._rms_norm(h, w[p + "input_layernorm.weight"])
-            q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
-            k = F.linear(x, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
-            v = F.linear(x, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
-            q = q.view(num_tokens, c.num_heads, c.head_dim)  # [T, Hq, D]
-            k = k.view(num_tokens, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
-            v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
-            if c.architecture == "qwen3":
-                q = self._rms_norm(q, w[p + "self_attn.q_norm.weight"])
-                k = self._rms_norm(k, w[p + "self_attn.k_norm.weight"])
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
-            k_cache, v_cache = kv_caches[i]  # [num_blocks, block_size, Hkv, D]
-            # Write this step's keys and values into their paged slots.
-            k_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = k
-            v_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = v
-            attn = oracle_kernels.paged_attention(
-                q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
-                scale, inputs.num_kv_splits,
-            )  # [T, Hq, D]
-            h = h + F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
-            x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
-            gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
-            up = F.linear(x, w[p + "mlp.up_proj.weight"])
-            h = h + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
-        h = self._rms_norm(h[inputs.logits_indices], w["model.norm.weight"])  # [R, hidden]
-        return F.linear(h, self.lm_head).to(torch.float32)  # [R, vocab]
+            with scope(p[:-1]):  # the decoder layer: its residual adds
+                with scope(p + "input_layernorm"):
+                    x = self._rms_norm(h, w[p + "input_layernorm.weight"])
+                with scope(p + "self_attn"):
+                    with scope(p + "self_attn.q_proj"):
+                        q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
+                    with scope(p + "self_attn.k_proj"):
+                        k = F.linear(x, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
+                    with scope(p + "self_attn.v_proj"):
+                        v = F.linear(x, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
+                    q = q.view(num_tokens, c.num_heads, c.head_dim)  # [T, Hq, D]
+                    k = k.view(num_tokens, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
+                    v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
+                    if c.architecture == "qwen3":
+                        with scope(p + "self_attn.q_norm"):
+                            q = self._rms_norm(q, w[p + "self_attn.q_norm.weight"])
+                        with scope(p + "self_attn.k_norm"):
+                            k = self._rms_norm(k, w[p + "self_attn.k_norm.weight"])
+                    q = self._rope(q, cos, sin)
+                    k = self._rope(k, cos, sin)
+                    k_cache, v_cache = kv_caches[i]  # [num_blocks, block_size, Hkv, D]
+                    # Write this step's keys and values into their paged slots.
+                    k_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = k
+                    v_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = v
+                    with scope(p + "self_attn.attn"):
+                        attn = oracle_kernels.paged_attention(
+                            q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
+                            scale, inputs.num_kv_splits,
+                        )  # [T, Hq, D]
+                    with scope(p + "self_attn.o_proj"):
+                        o = F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
+                h = h + o
+                with scope(p + "post_attention_layernorm"):
+                    x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
+                with scope(p + "mlp"):
+                    with scope(p + "mlp.gate_proj"):
+                        gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
+                    with scope(p + "mlp.up_proj"):
+                        up = F.linear(x, w[p + "mlp.up_proj.weight"])
+                    with scope(p + "mlp.act_fn"):
+                        act = F.silu(gate)
+                    gated = act * up
+                    with scope(p + "mlp.down_proj"):
+                        down = F.linear(gated, w[p + "mlp.down_proj.weight"])
+                h = h + down
+        h = h[inputs.logits_indices]  # [R, hidden]
+        with scope("model.norm"):
+            h = self._rms_norm(h, w["model.norm.weight"])
+        with scope("lm_head"):
+            return F.linear(h, self.lm_head).to(torch.float32)  # [R, vocab]

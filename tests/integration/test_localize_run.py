@@ -1,0 +1,59 @@
+"""`oracle run` on a planted one-op fault: the failing invariance trial is localized to that op."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from oracle.cli import main
+from oracle.localize import localize_from_report
+
+DOWN_PROJ = "model.layers.1.mlp.down_proj"
+
+
+@pytest.fixture(scope="module")
+def failing_report(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose every batched trial trips the fault: prompts of 8-20 tokens, fillers of 10+, fault above 24."""
+    root = tmp_path_factory.mktemp("planted-run")
+    config: dict[str, Any] = {
+        "model": str(tiny_qwen3),
+        "engine": {"kind": "planted:PlantedEngine",
+                   "options": {"fault_module": DOWN_PROJ, "min_tokens": 24, "num_threads": 1,
+                               "max_num_batched_tokens": 256}},
+        "prompts": {"random": {"count": 2, "min_len": 8, "max_len": 20, "seed": 0}},
+        "sampling": {"max_tokens": 3, "logits": "full"},
+        "schedule": {"trials": 4, "seed": 1, "batch_size": [3, 5], "filler_len": [10, 30],
+                     "filler_max_tokens": [1, 3], "repeat_trials": 0, "shrink": False},
+        "checks": {"fidelity": "off", "drift": "off", "negative_control": "off", "prefill_decode": "off",
+                   "prefix_cache": "off"},
+    }
+    path = root / "planted.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(path), "--report-dir", str(root / "report")]) == 1  # invariance fails
+    return root / "report" / "report.json"
+
+
+def invariance_divergences(report_path: Path) -> list[dict[str, Any]]:
+    report = json.loads(report_path.read_text())
+    return [d for d in report["divergences"] if d["check"] == "invariance"]
+
+
+def test_localize_from_report_names_the_planted_op(failing_report: Path) -> None:
+    divergence = invariance_divergences(failing_report)[0]
+    loc = localize_from_report(failing_report, divergence["trial_id"])
+    assert loc is not None
+    assert (loc.module, loc.op, loc.layer) == (DOWN_PROJ, "aten.mm.default", 1)
+    assert loc.inputs_equal is True and loc.still_diverged
+    assert loc.pass_evidence["num_tokens"] > 24
+
+
+@pytest.mark.xfail(strict=False, reason="wired by the runner")
+def test_report_divergence_carries_the_localized_op(failing_report: Path) -> None:
+    divergence = invariance_divergences(failing_report)[0]
+    localized = divergence["localized_op"]
+    assert localized["module"] == DOWN_PROJ
+    assert localized["op"] == "aten.mm.default" and localized["layer"] == 1

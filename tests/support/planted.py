@@ -1,0 +1,91 @@
+"""A native engine with one planted batch-variant fault: for localization tests on the CPU.
+
+`PlantedEngine` is a `NativeEngine` that, in invariant mode, moves the output of one op in one
+module (by default `aten.mm.default` in `model.layers.1.mlp.down_proj`) by `ulps` float steps
+toward +inf, only in forward passes that hold more than `min_tokens` tokens. Alone the target
+stays under that size and is exact; batched beside others it is not, exactly like a kernel that
+switches configuration with the pass's size. Usable from a config as `engine.kind:
+planted:PlantedEngine` (tests/support is on sys.path), with the fault in `engine.options`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from oracle.engines.base import Completion, Mode
+from oracle.engines.native import NativeEngine
+from oracle.engines.native.model import Decoder
+from oracle.engines.transformers_engine import TransformersEngine
+
+
+class PlantedFault(TorchDispatchMode):
+    """Perturbs `op`'s outputs inside `module` when their leading (token) dimension exceeds `min_tokens`.
+
+    `module_path()` names the module the model is in now (the native decoder's scope stack, or
+    hooks on a Hugging Face model).
+    """
+
+    def __init__(self, module_path: Callable[[], str], module: str, op: str, min_tokens: int, ulps: int) -> None:
+        super().__init__()
+        self.module_path, self.module, self.op, self.min_tokens, self.ulps = module_path, module, op, min_tokens, ulps
+        self.hits = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (str(func) == self.op and self.module_path() == self.module
+                and isinstance(out, torch.Tensor) and out.dim() > 0 and out.shape[0] > self.min_tokens):
+            self.hits += 1
+            up = torch.full_like(out, float("inf"))
+            for _ in range(self.ulps):
+                out = torch.nextafter(out, up)
+        return out
+
+
+class PlantedEngine(NativeEngine):
+    """NativeEngine plus a `PlantedFault` around every `generate` in invariant mode."""
+
+    def __init__(self, model: Path | Decoder, mode: Mode, *, fault_module: str = "model.layers.1.mlp.down_proj",
+                 fault_op: str = "aten.mm.default", min_tokens: int = 48, ulps: int = 1, **kwargs: Any) -> None:
+        super().__init__(model, mode, **kwargs)
+        scopes = self.decoder.scopes
+        self.fault = PlantedFault(lambda: scopes.path[-1] if scopes.path else "", fault_module, fault_op,
+                                  min_tokens, ulps)
+
+    def describe(self) -> dict[str, Any]:
+        f = self.fault
+        return {**super().describe(), "engine": "planted",
+                "planted_fault": f"{f.module} {f.op} +{f.ulps} ULP above {f.min_tokens} tokens"}
+
+    def generate(self, requests: Any, max_num_batched_tokens: int | None = None) -> list[Completion]:
+        if self.mode != "invariant":
+            return super().generate(requests, max_num_batched_tokens)
+        # Entered outside any capture's mode, so a capture (entered per pass, inside) sees the perturbed output.
+        with self.fault:
+            return super().generate(requests, max_num_batched_tokens)
+
+
+class PlantedTransformersEngine(TransformersEngine):
+    """The transformers engine with the same kind of fault, its module found by forward hooks.
+
+    A flattened linear layer's matmul is `[B * S, out]`, so `min_tokens` counts the padded batch.
+    """
+
+    def __init__(self, model: Path, mode: Mode, *, fault_module: str = "model.layers.1.mlp.down_proj",
+                 fault_op: str = "aten.mm.default", min_tokens: int = 48, ulps: int = 1, **kwargs: Any) -> None:
+        super().__init__(model, mode, **kwargs)
+        inside: list[str] = []
+        module = self.model.get_submodule(fault_module)
+        module.register_forward_pre_hook(lambda m, a: inside.append(fault_module))
+        module.register_forward_hook(lambda m, a, o: inside.pop() and None)
+        self.fault = PlantedFault(lambda: inside[-1] if inside else "", fault_module, fault_op, min_tokens, ulps)
+
+    def generate(self, requests: Any, max_num_batched_tokens: int | None = None) -> list[Completion]:
+        if self.mode != "invariant":
+            return super().generate(requests, max_num_batched_tokens)
+        with self.fault:
+            return super().generate(requests, max_num_batched_tokens)
