@@ -34,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--mode", choices=["invariant", "production"], default=None,
                     help="default: the mode the report's divergence was found in")
 
+    lo = sub.add_parser("localize", help="rerun one trial of a report with per-op capture; name the first op that differs")
+    lo.add_argument("report", type=Path)
+    lo.add_argument("--trial", type=int, required=True)
+
     rec = sub.add_parser("record", help="write a golden file of the invariant references")
     rec.add_argument("config", type=Path)
     rec.add_argument("--golden", type=Path, required=True)
@@ -107,6 +111,19 @@ def _replay(args: argparse.Namespace) -> int:
     return 1
 
 
+def _localize(args: argparse.Namespace) -> int:
+    from oracle.localize import localize_from_report
+    from oracle.render.console import make_console
+
+    op = localize_from_report(args.report, args.trial)
+    console = make_console()
+    if op is None:
+        console.print(f"trial {args.trial}: no op differs for the target: it is bitwise equal to its solo run")
+        return 0
+    console.print(f"trial {args.trial}: first diverging op: {op.describe()}")
+    return 1
+
+
 def _record(args: argparse.Namespace) -> int:
     from oracle.config import load_config
     from oracle.render.console import ConsoleObserver, make_console
@@ -153,7 +170,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _run, "replay": _replay, "record": _record, "bench": _bench, "model": _model,
+    handlers = {"run": _run, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
                 "config": _config}
     try:
         return handlers[args.command](args)

@@ -90,3 +90,13 @@ def first_divergence(expected: Completion, actual: Completion) -> Divergence | N
             reference_margin=None, first_token_step=first_token,
         )
     return None
+
+
+def step_of(c: Completion, i: int) -> Completion:
+    """Completion holding only step i of c (to compare against a one-token run)."""
+    return Completion(
+        c.request_id, c.token_ids[i:i + 1], c.logprobs[i:i + 1],
+        logits=c.logits[i:i + 1] if c.logits is not None else None,
+        logits_digests=c.logits_digests[i:i + 1] if c.logits_digests is not None else None,
+        top2=c.top2[i:i + 1] if c.top2 is not None else None,
+    )

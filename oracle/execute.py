@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
-from oracle.compare import first_divergence
+from oracle.compare import first_divergence, step_of
 from oracle.engines.base import Completion, Engine, Mode, Request
 from oracle.errors import EngineError, OracleError
 from oracle.observer import Observer
@@ -42,7 +42,9 @@ class ModeResult:
     prefix_note: str = ""
     shrink: ShrinkResult | None = None
     shrink_trials: tuple[Trial, ...] = ()  # candidates the shrinker ran (ids after the schedule's)
-    localized: Mapping[int, Any] = field(default_factory=dict)  # trial id -> LocalizedOp
+    # trial id, ("prefill", target, step) or ("prefix", target) -> LocalizedOp, or a note why not
+    localized: Mapping[Any, Any] = field(default_factory=dict)
+    localize_notes: tuple[str, ...] = ()
     seconds: float = 0.0
 
 
@@ -67,8 +69,22 @@ def fresh(engine: Engine, requests: Sequence[Request], budget: int | None = None
     return generate(engine, requests, budget)
 
 
-# (engine, plan, trial, solo completion, trial completion) -> LocalizedOp or None
-Localizer = Callable[[Engine, Plan, Trial], Any]
+class Localizer(Protocol):
+    """Names the first op at which the target's rows differ between two runs (oracle.localize)."""
+
+    def can_localize(self, engine: Engine) -> bool: ...
+
+    def localize(self, engine: Engine, expected: Spec, actual: Spec) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One run to capture: requests, the target's index among them, the budget, what warms the cache first."""
+
+    requests: tuple[Request, ...]
+    target_index: int
+    budget: int | None = None
+    warm_with: tuple[Request, ...] = ()
 
 
 class ModeExecution:
@@ -87,7 +103,8 @@ class ModeExecution:
         self.prefix_note = ""
         self.shrink: ShrinkResult | None = None
         self.shrink_trials: list[Trial] = []
-        self.localized: dict[int, Any] = {}
+        self.localized: dict[Any, Any] = {}
+        self.localize_notes: list[str] = []
         self.seconds = 0.0
         self.divergent = 0
 
@@ -96,7 +113,7 @@ class ModeExecution:
         return ModeResult(
             self.mode, ro(dict(self.describe)), ro(dict(self.solo)), ro(dict(self.trials)), ro(dict(self.repeats)),
             ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
-            ro(dict(self.localized)), self.seconds,
+            ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
         )
 
     def run_trial(self, trial: Trial) -> Completion:
@@ -176,14 +193,33 @@ class ModeExecution:
                 self.shrink = shrink(first, fails, cfg, cfg.max_shrink_runs, new_id)
             finally:
                 self.observer.done()
-        if self.localizer is None or self.plan.config.checks.invariance.localize == "off":
-            return
         chosen = failing if self.plan.config.checks.invariance.localize == "all" else [first]
         if self.shrink is not None and self.shrink.smallest is not first:
             chosen = [*chosen, self.shrink.smallest]
-        assert self.engine is not None
         for trial in chosen:
-            self.localized[trial.trial_id] = self.localizer(self.engine, self.plan, trial)
+            requests, at = trial_requests(self.plan, trial)
+            self._localize(trial.trial_id, Spec((solo_request(self.plan, trial.target),), 0),
+                           Spec(tuple(requests), at, trial.max_num_batched_tokens))
+
+    def _localize(self, key: Any, expected: Spec, actual: Spec) -> None:
+        """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict."""
+        if self.localizer is None or self.plan.config.checks.invariance.localize == "off":
+            return
+        assert self.engine is not None
+        if not self.localizer.can_localize(self.engine):
+            note = f"localize: the {self.describe.get('engine', 'engine')} engine's ops cannot be captured"
+            if note not in self.localize_notes:
+                self.localize_notes.append(note)
+            return
+        self.observer.phase("localize", 1)
+        try:
+            self.localized[key] = self.localizer.localize(self.engine, expected, actual)
+        except OracleError as e:
+            self.localize_notes.append(f"localize {key}: {e}")
+        except Exception as e:  # noqa: BLE001 - the verdict stands without the op
+            self.localize_notes.append(f"localize {key}: {type(e).__name__}: {e}")
+        finally:
+            self.observer.done()
 
     def _prefix_cache(self) -> None:
         """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
@@ -198,6 +234,10 @@ class ModeExecution:
             cold = generate(self.engine, [req])[0]
             warm = generate(self.engine, [req])[0]
             self.prefix[t] = (cold, warm)
+        bad = [t for t, (cold, warm) in self.prefix.items() if first_divergence(cold, warm) is not None]
+        for t in bad[:1]:
+            req = solo_request(self.plan, t, "prefix")
+            self._localize(("prefix", t), Spec((req,), 0), Spec((req,), 0, warm_with=(req,)))
 
     def _prefill_decode(self, steps: int) -> None:
         assert self.engine is not None
@@ -209,3 +249,10 @@ class ModeExecution:
                 req = Request(f"prefill-{target.name}-{i}", prompt, target_sampling(self.plan.config, 1))
                 self.prefill[(t, i)] = fresh(self.engine, [req])[0]
                 self.observer.advance(self.divergent)
+        bad = [(t, i) for (t, i), again in self.prefill.items()
+               if first_divergence(step_of(self.solo[t], i), again) is not None]
+        for t, i in bad[:1]:
+            target = self.plan.targets[t]
+            req = Request(f"prefill-{target.name}-{i}", target.token_ids + tuple(self.solo[t].token_ids[:i]),
+                          target_sampling(self.plan.config, 1))
+            self._localize(("prefill", t, i), Spec((solo_request(self.plan, t),), 0), Spec((req,), 0))

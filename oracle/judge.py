@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.compare import Divergence, first_divergence
+from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
 from oracle.engines.base import Completion, StepEvidence
 from oracle.execute import ModeResult
@@ -136,6 +136,8 @@ def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
     if name == "drift":
         return _drift_verdict(runs, requirement, ev, recs, n)
     shrunk = _shrink_evidence(runs, result, ev) if name == "invariance" else []
+    if name == "invariance" and result.localize_notes:
+        ev["localize_notes"] = list(result.localize_notes)
     recs += shrunk
     if n == 0:
         return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
@@ -305,12 +307,13 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
     assert inv is not None
     recs: list[DivergenceRecord] = []
     for (t, step), again in inv.prefill.items():
-        d = first_divergence(_step_of(inv.solo[t], step), again)
+        d = first_divergence(step_of(inv.solo[t], step), again)
         if d is not None:
             d = Divergence(step, d.kind, d.expected_token, d.actual_token, d.expected_logprob,
                            d.actual_logprob, d.ulp, d.max_abs_logits_diff, d.reference_margin,
                            None if d.first_token_step is None else step)
-            recs.append(record(runs, "prefill_decode", "invariant", None, t, again, d, "prefill"))
+            recs.append(record(runs, "prefill_decode", "invariant", None, t, again, d, "prefill",
+                               inv.localized.get(("prefill", t, step))))
     n = len(inv.prefill)
     if n == 0:
         return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="vacuous",
@@ -335,7 +338,7 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
         d = first_divergence(cold, warm)
         if d is not None:
             recs.append(record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
-                               num_cached_tokens=cached))
+                               inv.localized.get(("prefix", t)), num_cached_tokens=cached))
     n = len(inv.prefix)
     ev = {"targets": n, "warm_runs_with_cache_hits": hits}
     if n == 0 or hits == 0:
@@ -402,16 +405,6 @@ def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
         results.append(judged.result)
         divergences += judged.divergences
     return results, divergences
-
-
-def _step_of(c: Completion, i: int) -> Completion:
-    """Completion holding only step i of c (to compare against a one-token run)."""
-    return Completion(
-        c.request_id, c.token_ids[i:i + 1], c.logprobs[i:i + 1],
-        logits=c.logits[i:i + 1] if c.logits is not None else None,
-        logits_digests=c.logits_digests[i:i + 1] if c.logits_digests is not None else None,
-        top2=c.top2[i:i + 1] if c.top2 is not None else None,
-    )
 
 
 def _kl(p_logits: Any, q_logits: Any) -> float:

@@ -615,29 +615,27 @@ def localize_from_report(report_path: Path, trial_id: int) -> LocalizedOp | None
 
     Runs on a fresh engine in the mode the report's divergence for that trial was found in
     (invariant when the report holds none); ConfigError when the trial is not in the report,
-    EngineError when the engine cannot be captured in this process.
+    EngineError when the engine cannot be captured.
     """
-    from oracle.config import parse_config
     from oracle.engines import build_engine
+    from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
-    from oracle.replay import find_trial
+    from oracle.replay import find_trial, report_config
     from oracle.report import load_report
-    from oracle.runner import Plan, resolve_model, target_sampling, trial_requests
 
     report = load_report(report_path)
-    config = parse_config(report["config"], source=str(report_path))
+    config = report_config(report, report_path)
     trial, recorded = find_trial(report, trial_id)
-    mode: Mode = "production" if recorded and recorded.get("mode") == "production" else "invariant"
+    mode: Mode = recorded.mode if recorded else "invariant"
     model_dir = resolve_model(config)
-    plan = Plan(config, model_dir, load_targets(config, model_dir), [trial], int(report["seed"]),
+    plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
                 vocab_size_of(model_dir))
     engine = build_engine(config.engine, model_dir, mode)
     try:
         if not can_localize(engine):
-            raise EngineError(f"localize: engine {config.engine.kind} does not run in this process")
-        target = plan.targets[trial.target]
-        solo = [Request(f"solo-{target.name}", target.token_ids, target_sampling(config))]
+            raise EngineError(f"localize: engine {config.engine.kind} cannot be captured (native, transformers "
+                              "and vLLM engines can)")
         requests, at = trial_requests(plan, trial)
-        return localize_trial(engine, solo, requests, at, trial.max_num_batched_tokens)
+        return localize_trial(engine, [solo_request(plan, trial.target)], requests, at, trial.max_num_batched_tokens)
     finally:
         engine.close()

@@ -23,7 +23,7 @@ from oracle.config import Config
 from oracle.engines.base import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
-from oracle.execute import Localizer, ModeExecution, ModeResult, generate
+from oracle.execute import ModeExecution, ModeResult, Spec, generate
 from oracle.judge import Runs, coverage, judge
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request
@@ -39,12 +39,21 @@ def engine_builder(plan: Plan) -> Callable[[Mode], Engine]:
     return lambda mode: build_engine(plan.config.engine, plan.model_dir, mode)
 
 
-def default_localizer() -> Localizer | None:
-    try:
-        from oracle.localize import localize_in_run
-    except ImportError:
-        return None
-    return localize_in_run
+class OpLocalizer:
+    """oracle.localize behind the execute step's Localizer protocol."""
+
+    def can_localize(self, engine: Engine) -> bool:
+        from oracle.localize import can_localize
+
+        return can_localize(engine)
+
+    def localize(self, engine: Engine, expected: Spec, actual: Spec) -> Any:
+        from oracle.localize import RunSpec, localize_runs
+
+        def spec(s: Spec) -> RunSpec:
+            return RunSpec(s.requests, s.target_index, s.budget, s.warm_with)
+
+        return localize_runs(engine, spec(expected), spec(actual))
 
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,
@@ -63,7 +72,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     out_dir = report_dir or Path(config.report_dir)
     results: dict[Mode, ModeResult] = {}
     build = engine_builder(plan)
-    localizer = default_localizer()
+    localizer = OpLocalizer()
     try:
         for mode in ("invariant", "production"):
             execution = ModeExecution(plan, mode, observer, build, localizer)

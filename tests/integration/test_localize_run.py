@@ -51,9 +51,15 @@ def test_localize_from_report_names_the_planted_op(failing_report: Path) -> None
     assert loc.pass_evidence["num_tokens"] > 24
 
 
-@pytest.mark.xfail(strict=False, reason="wired by the runner")
 def test_report_divergence_carries_the_localized_op(failing_report: Path) -> None:
     divergence = invariance_divergences(failing_report)[0]
     localized = divergence["localized_op"]
     assert localized["module"] == DOWN_PROJ
     assert localized["op"] == "aten.mm.default" and localized["layer"] == 1
+
+
+def test_localize_command_names_the_op(failing_report: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    divergence = invariance_divergences(failing_report)[0]
+    assert main(["localize", str(failing_report), "--trial", str(divergence["trial_id"])]) == 1
+    out = capsys.readouterr().out
+    assert DOWN_PROJ in out and "aten.mm.default" in out
