@@ -21,15 +21,17 @@ from oracle import __version__
 from oracle.checks import Judge, ModeRuns, golden_path
 from oracle.compare import first_divergence
 from oracle.config import Config
-from oracle.engines import build_engine, check_engine_config
+from oracle.engines import check_engine_config
 from oracle.engines.base import Completion, Engine, Mode, Request, SamplingParams
 from oracle.environment import collect_environment
 from oracle.errors import EngineError, OracleError
 from oracle.golden import compare_golden, environment_changes, make_golden, read_golden, write_golden
+from oracle.models.context import check_context
 from oracle.prompts import Target, check_prompts, load_targets, vocab_size_of
 from oracle.report import CheckResult, Report
 from oracle.schedule import Trial, draw_schedule, filler_tokens, trial_strategy
 from oracle.search import search, trial_key
+from oracle.watchdog import start_engine
 
 
 class Observer:
@@ -72,6 +74,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
         read_golden(golden_path(config))  # type: ignore[arg-type]
     model_dir = resolve_model(config)
     targets = load_targets(config, model_dir)
+    check_context(config, model_dir, targets)
     trials = draw_schedule(config.schedule, len(targets), seed)
     return Plan(config, model_dir, targets, trials, seed, vocab_size_of(model_dir))
 
@@ -151,7 +154,7 @@ class ModeRunner:
             n_prefill = 0
         self.observer.phase(self.mode, len(self.plan.targets) + len(self.plan.trials) + n_repeat + n_prefill)
         t0 = time.perf_counter()
-        self.engine = build_engine(cfg.engine, self.plan.model_dir, self.mode)
+        self.engine = start_engine(cfg.engine, self.plan.model_dir, self.mode)
         self.runs.engine = self.engine.describe()
         try:
             for i, target in enumerate(self.plan.targets):
@@ -239,8 +242,8 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         report.complete = True
     except EngineError as e:
         report.error = str(e)
-    except KeyboardInterrupt:
-        report.error = "interrupted"
+    except BaseException as e:  # a signal, a model error while loading, sys.exit(): recorded, then raised
+        report.mark_stopped(e)
         raise
     finally:
         # Judge what completed, so an engine failure or Ctrl-C still leaves a useful report.
@@ -302,7 +305,7 @@ def record_golden(config: Config, golden_file: Path, observer: Observer | None =
     observer = observer or Observer()
     plan = plan_run(config.model_copy(update={"checks": config.checks.model_copy(
         update={"golden": config.checks.golden.model_copy(update={"requirement": "off"})})}))
-    engine = build_engine(config.engine, plan.model_dir, "invariant")
+    engine = start_engine(config.engine, plan.model_dir, "invariant")
     env = collect_environment()
     env["engines"] = {"invariant": engine.describe()}
     refs: dict[str, Completion] = {}
@@ -321,7 +324,6 @@ def record_golden(config: Config, golden_file: Path, observer: Observer | None =
 
 def write_all(report: Report, out_dir: Path) -> None:
     """report.json plus every other format beside it."""
-    report.write(out_dir)
-    from oracle.render.files import write_formats
+    from oracle.render.files import write_report
 
-    write_formats(report, out_dir)
+    write_report(report, out_dir)
