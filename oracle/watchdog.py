@@ -9,6 +9,7 @@ running until the process exits) and the run stops with exit 3.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,11 +32,57 @@ def _as_engine_error(what: str, e: BaseException) -> OracleError:
     return EngineError(f"engine raised {type(e).__name__} in {what}: {e}")
 
 
-def call(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
+class Worker:
+    """One daemon thread that runs calls one at a time, so an engine sees the same thread every call
+    (torch's OpenMP pool is per calling thread). After a call times out the thread is abandoned
+    and the next call gets a new one."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], list[BaseException], threading.Event]] = (
+            queue.SimpleQueue())
+
+    def _loop(self) -> None:
+        while True:
+            fn, result, error, done = self._jobs.get()
+            try:
+                result.append(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                error.append(e)
+            finally:
+                done.set()
+
+    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+        if self._thread is None or not self._thread.is_alive():
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._loop, name="oracle-engine", daemon=True)
+            self._thread.start()
+        result: list[T] = []
+        error: list[BaseException] = []
+        done = threading.Event()
+        self._jobs.put((fn, result, error, done))
+        try:
+            finished = done.wait(timeout_s)
+        except BaseException:
+            self._thread = None  # interrupted while the call runs: never hand this thread more work
+            raise
+        if not finished:
+            self._thread = None
+            raise EngineError(f"engine {what} did not return within {timeout_s:g} s (engine.timeout_s)")
+        if error:
+            failure = error[0]
+            if isinstance(failure, KeyboardInterrupt):
+                raise EngineError(f"engine raised KeyboardInterrupt in {what}") from failure
+            raise _as_engine_error(what, failure) from failure
+        return result[0]
+
+
+def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker | None = None) -> T:
     """`fn()`, or EngineError when it raises, calls sys.exit() or runs past `timeout_s` seconds.
 
-    `timeout_s` None or 0 calls `fn` in this thread (no deadline; exceptions still converted).
-    KeyboardInterrupt (SIGINT/SIGTERM in this thread) propagates unchanged.
+    With a deadline `fn` runs on `worker` (a fresh one when None); `timeout_s` None or 0 calls `fn`
+    in this thread (exceptions still converted). KeyboardInterrupt (SIGINT/SIGTERM in this thread)
+    propagates unchanged.
     """
     if not timeout_s:
         try:
@@ -44,28 +91,7 @@ def call(fn: Callable[[], T], timeout_s: float | None, what: str) -> T:
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit and any engine failure become exit 3
             raise _as_engine_error(what, e) from e
-    result: list[T] = []
-    error: list[BaseException] = []
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            error.append(e)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=target, name=f"oracle-engine-{what}", daemon=True)
-    thread.start()
-    if not done.wait(timeout_s):
-        raise EngineError(f"engine {what} did not return within {timeout_s:g} s (engine.timeout_s)")
-    if error:
-        failure = error[0]
-        if isinstance(failure, KeyboardInterrupt):
-            raise EngineError(f"engine raised KeyboardInterrupt in {what}") from failure
-        raise _as_engine_error(what, failure) from failure
-    return result[0]
+    return (worker or Worker()).call(fn, timeout_s, what)
 
 
 class GuardedEngine:
@@ -81,14 +107,15 @@ class GuardedEngine:
         self.mode = engine.mode
         self.close_error: str | None = None
         self._described: dict[str, Any] | None = None
+        self._worker = Worker()
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         if max_num_batched_tokens is None:
-            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate")
-        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate")
+            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker)
+        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate", self._worker)
 
     def describe(self) -> dict[str, Any]:
-        described = call(self.engine.describe, self.timeout_s, "describe")
+        described = call(self.engine.describe, self.timeout_s, "describe", self._worker)
         if not isinstance(described, dict):
             raise EngineError(f"engine describe() returned {type(described).__name__}, not a dict")
         self._described = described
@@ -96,7 +123,7 @@ class GuardedEngine:
 
     def close(self) -> None:
         try:
-            call(self.engine.close, self.timeout_s, "close")
+            call(self.engine.close, self.timeout_s, "close", self._worker)
         except OracleError as e:
             self.close_error = str(e)
             if self._described is not None:
@@ -106,7 +133,7 @@ class GuardedEngine:
         attr = getattr(self.engine, name)
         if not callable(attr):
             return attr
-        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name)
+        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name, self._worker)
 
 
 def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:
