@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from oracle.engines.base import Completion, Mode, Request
 
 T = TypeVar("T")
+CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
 
 
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
@@ -38,6 +39,7 @@ class Worker:
     and the next call gets a new one."""
 
     def __init__(self) -> None:
+        self.abandoned = False  # a call was left running (timed out or interrupted)
         self._thread: threading.Thread | None = None
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], list[BaseException], threading.Event]] = (
             queue.SimpleQueue())
@@ -65,9 +67,11 @@ class Worker:
             finished = done.wait(timeout_s)
         except BaseException:
             self._thread = None  # interrupted while the call runs: never hand this thread more work
+            self.abandoned = True
             raise
         if not finished:
             self._thread = None
+            self.abandoned = True
             raise EngineError(f"engine {what} did not return within {timeout_s:g} s (engine.timeout_s)")
         if error:
             failure = error[0]
@@ -115,21 +119,29 @@ class GuardedEngine:
         return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate", self._worker)
 
     def describe(self) -> dict[str, Any]:
-        described = call(self.engine.describe, self.timeout_s, "describe", self._worker)
+        described = call(self.engine.describe, self._cleanup_timeout(), "describe", self._worker)
         if not isinstance(described, dict):
             raise EngineError(f"engine describe() returned {type(described).__name__}, not a dict")
         self._described = described
         return described
 
+    def _cleanup_timeout(self) -> float | None:
+        """After an abandoned call (a hang, a signal) the run is stopping: do not wait long for the rest."""
+        if self._worker.abandoned:
+            return min(self.timeout_s or CLOSE_AFTER_ABANDON_S, CLOSE_AFTER_ABANDON_S)
+        return self.timeout_s
+
     def close(self) -> None:
         try:
-            call(self.engine.close, self.timeout_s, "close", self._worker)
+            call(self.engine.close, self._cleanup_timeout(), "close", self._worker)
         except OracleError as e:
             self.close_error = str(e)
             if self._described is not None:
                 self._described["close_error"] = str(e)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "engine" or name.startswith("__"):
+            raise AttributeError(name)
         attr = getattr(self.engine, name)
         if not callable(attr):
             return attr

