@@ -2,7 +2,8 @@
 
 Expected errors (config, model, engine) become one line on stderr and an exit code:
 0 every required check passed, 1 a required check failed or was vacuous, 2 usage or config
-error, 3 engine or infrastructure error (the partial report is still written), 130 interrupted.
+error, 3 engine or infrastructure error (the partial report is still written), 130 interrupted
+(SIGINT), 143 terminated (SIGTERM). A subcommand is a parser in `_parser` and a handler in `HANDLERS`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from oracle import signals
 from oracle.errors import OracleError
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low (the error names the option: `argument --trials: ...`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,12 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run every check of a config and write a report")
     r.add_argument("config", type=Path)
     r.add_argument("--report-dir", type=Path, default=None, help="where report.json goes (default: the config's)")
-    r.add_argument("--seed", type=int, default=None, help="schedule seed (default: the config's, else random)")
-    r.add_argument("--trials", type=int, default=None, help="override schedule.trials")
+    r.add_argument("--seed", type=_int_at_least(0), default=None,
+                   help="schedule seed (default: the config's, else random)")
+    r.add_argument("--trials", type=_int_at_least(1), default=None, help="override schedule.trials")
 
     rp = sub.add_parser("replay", help="rerun one trial of a report and show its divergence")
     rp.add_argument("report", type=Path)
-    rp.add_argument("--trial", type=int, required=True)
+    rp.add_argument("--trial", type=_int_at_least(0), required=True)
     rp.add_argument("--mode", choices=["invariant", "production"], default=None,
                     help="default: the mode the report's divergence was found in")
 
@@ -53,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     mk = msub.add_parser("make", help="write an HF-format checkpoint with seeded random weights")
     mk.add_argument("preset")
     mk.add_argument("dir", type=Path)
-    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--seed", type=_int_at_least(0), default=0)
     msub.add_parser("presets", help="list the presets")
 
     c = sub.add_parser("config", help="config helpers")
@@ -65,19 +84,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from oracle.config import load_config
+    from oracle.run_guard import RunGuard
 
     overrides = {"schedule.trials": args.trials} if args.trials is not None else None
-    config = load_config(args.config, overrides)
-    from oracle.render.console import ConsoleObserver, make_console, print_summary
-    from oracle.runner import run
-
-    console = make_console()
+    config = load_config(args.config, overrides, flags={"schedule.trials": "--trials"} if overrides else None)
     report_dir = args.report_dir or Path(config.report_dir)
-    from oracle.render.files import write_formats
+    # Checked, and any earlier run's report replaced by a "started" one, before any model is made.
+    with RunGuard(config, report_dir, args.seed, blame="--report-dir" if args.report_dir else None) as guard:
+        from oracle.render.console import ConsoleObserver, make_console, print_summary
+        from oracle.render.files import write_formats
+        from oracle.runner import run
 
-    report = run(config, seed=args.seed, observer=ConsoleObserver(console), report_dir=report_dir,
-                 views=[write_formats])
+        console = make_console()
+        report = run(config, seed=guard.seed, observer=ConsoleObserver(console), report_dir=report_dir,
+                     views=[write_formats])
     print_summary(console, report, str(report_dir / "report.json"))
+    for mode, described in report.environment.get("engines", {}).items():
+        if isinstance(described, dict) and described.get("close_error"):
+            print(f"oracle: warning: {mode} engine: {described['close_error']}", file=sys.stderr)
     if report.error:
         print(f"oracle: error: {report.error} (partial report in {report_dir})", file=sys.stderr)
     return report.exit_code()
@@ -168,18 +192,30 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
+    "config": _config,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    handlers = {"run": _run, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
-                "config": _config}
-    try:
-        return handlers[args.command](args)
-    except OracleError as e:
-        print(f"oracle: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("oracle: interrupted (partial report written)", file=sys.stderr)
-        return 130
+    """Parse, run the subcommand's handler with SIGINT/SIGTERM routed to `Interrupted`, map errors to codes."""
+    with signals.handled():
+        args = _parser().parse_args(argv)  # usage errors exit 2 here, with argparse's message
+        try:
+            return HANDLERS[args.command](args)
+        except OracleError as e:
+            print(f"oracle: error: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt as e:
+            print(f"oracle: {signals.describe(e)}; stopped (a partial report is written for a run)", file=sys.stderr)
+            return signals.exit_code_of(e)
+        except SystemExit as e:  # from an engine or a user's module: never a silent pass
+            print(f"oracle: error: sys.exit({e.code!r}) was called during the run", file=sys.stderr)
+            return 3
+        except OSError as e:
+            print(f"oracle: error: {e}", file=sys.stderr)
+            return 3
 
 
 if __name__ == "__main__":

@@ -12,11 +12,33 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from oracle.errors import ConfigError
 
 Requirement = Literal["required", "warn", "off"]
+
+# Sane upper bounds: a value beyond them is a typo, and would allocate terabytes or idle forever.
+MAX_SEED = 2**63 - 1  # torch and vLLM take 64-bit seeds
+MAX_TOKENS = 1 << 20  # tokens per prompt or completion (1M, beyond any model's context)
+MAX_ARRIVAL_STEP = 10_000  # engine steps a request may wait before it arrives
+MAX_TRIALS = 1_000_000
+MAX_BATCH = 65_536  # sequences in one forward pass
+MAX_BUDGET = 1 << 24  # tokens in one forward pass
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# What a config file may be: its size, YAML aliases (an alias bomb expands exponentially) and nodes
+# once aliases are expanded.
+MAX_CONFIG_BYTES = 8 << 20
+MAX_YAML_ALIASES = 1000
+MAX_YAML_NODES = 1_000_000
 
 
 class _Strict(BaseModel):
@@ -34,21 +56,25 @@ class EngineConfig(_Strict):
     kind: str = Field("native", description="native | vllm | openai | transformers | package.module:Class")
     device: str = Field("cpu", description="torch device for in-process engines: cpu, cuda, cuda:1")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_num_seqs: int = Field(256, ge=1, description="most sequences in one forward pass")
-    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget of one forward pass")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_BATCH, description="most sequences in one forward pass")
+    max_num_batched_tokens: int = Field(2048, ge=1, le=MAX_BUDGET, description="token budget of one forward pass")
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
-    block_size: int = Field(16, ge=1, description="KV cache block size (tokens)")
-    num_threads: int | None = Field(None, ge=1, description="torch CPU threads during generation (native)")
+    block_size: int = Field(16, ge=1, le=4096, description="KV cache block size (tokens)")
+    num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads during generation (native)")
     preload: list[str] = Field(default_factory=list, description="modules imported in the engine's process first")
     options: dict[str, Any] = Field(default_factory=dict, description="passed as keyword arguments to a custom engine")
+    timeout_s: float | None = Field(
+        600.0, gt=0, le=MAX_TIMEOUT_S,
+        description="watchdog: seconds one engine call (generate, close) may take before the run stops with "
+                    "exit 3; null: no limit")
 
 
 class RandomPrompts(_Strict):
-    count: int = Field(8, ge=1)
-    min_len: int = Field(4, ge=1)
-    max_len: int = Field(32, ge=1)
-    seed: int = 0
+    count: int = Field(8, ge=1, le=100_000)
+    min_len: int = Field(4, ge=1, le=MAX_TOKENS)
+    max_len: int = Field(32, ge=1, le=MAX_TOKENS)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @model_validator(mode="after")
     def _lengths(self) -> RandomPrompts:
@@ -72,24 +98,24 @@ class PromptsConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
     temperature: float = Field(0.0, ge=0.0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     logits: Literal["full", "digest", "none"] = Field("full", description="compare full logits rows, digests, or none")
 
 
 class ScheduleConfig(_Strict):
-    trials: int = Field(50, ge=1, description="trials drawn per run")
-    seed: int | None = Field(None, description="schedule seed; random (and printed) when absent")
+    trials: int = Field(50, ge=1, le=MAX_TRIALS, description="trials drawn per run")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="schedule seed; random (and printed) when absent")
     batch_size: tuple[int, int] = Field((1, 16), description="[min, max] requests in a trial, target included")
     filler_len: tuple[int, int] = Field((1, 32), description="[min, max] filler prompt length (tokens)")
     filler_max_tokens: tuple[int, int] = Field((1, 16), description="[min, max] tokens a filler generates")
     arrival_step: tuple[int, int] = Field((0, 0), description="[min, max] engine step at which a request arrives")
     max_num_batched_tokens: tuple[int, int] | None = Field(
         None, description="[min, max] token budget per trial (chunked prefill); engine's value when absent")
-    repeat_trials: int = Field(10, ge=0, description="trials run twice per mode for repeatability")
+    repeat_trials: int = Field(10, ge=0, le=MAX_TRIALS, description="trials run twice per mode for repeatability")
     shrink: bool = Field(True, description="shrink the first failing invariance trial to the smallest one that still fails")
-    max_shrink_runs: int = Field(200, ge=0, description="engine runs spent shrinking at most")
+    max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
     @classmethod
@@ -98,7 +124,13 @@ class ScheduleConfig(_Strict):
             return v
         if v[0] < (1 if info.field_name != "arrival_step" else 0):
             raise ValueError(f"{info.field_name} min must be >= {1 if info.field_name != 'arrival_step' else 0}")
+        if v[1] > _RANGE_MAX[info.field_name]:
+            raise ValueError(f"{info.field_name} max must be <= {_RANGE_MAX[info.field_name]:,} (got {v[1]:,})")
         return _check_range(v, info.field_name)
+
+
+_RANGE_MAX = {"batch_size": MAX_BATCH, "filler_len": MAX_TOKENS, "filler_max_tokens": MAX_TOKENS,
+              "arrival_step": MAX_ARRIVAL_STEP, "max_num_batched_tokens": MAX_BUDGET}
 
 
 class CheckConfig(_Strict):
@@ -150,7 +182,7 @@ class NegativeControlConfig(CheckConfig):
 
 class PrefillDecodeConfig(CheckConfig):
     requirement: Requirement = "warn"
-    steps: int = Field(4, ge=1, description="generated steps per target re-prefilled")
+    steps: int = Field(4, ge=1, le=MAX_TOKENS, description="generated steps per target re-prefilled")
 
 
 class PrefixCacheConfig(CheckConfig):
@@ -181,7 +213,7 @@ class ChecksConfig(_Strict):
 
 class Config(_Strict):
     model: str = Field(description="preset:NAME (made into a cache on first use) or a checkpoint directory")
-    model_seed: int = Field(0, description="weights seed for preset models")
+    model_seed: int = Field(0, ge=0, le=MAX_SEED, description="weights seed for preset models")
     engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
     prompts: PromptsConfig
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
@@ -189,6 +221,15 @@ class Config(_Strict):
     checks: ChecksConfig = Field(default_factory=ChecksConfig)  # type: ignore[arg-type]
     report_dir: str = Field("oracle-report", description="report folder, relative to the working directory")
     base_dir: str = Field(".", description="folder relative paths resolve against (the config file's, by default)")
+    # Where the config came from (file name and text), for errors found after loading: `error()`.
+    _source: str = PrivateAttr("<config>")
+    _text: str | None = PrivateAttr(None)
+
+    def error(self, loc: tuple[str | int, ...], message: str) -> ConfigError:
+        """A ConfigError `file:line: field: message` for a problem found after validation."""
+        line = _line_of(self._text, loc) if self._text else None
+        where = f"{self._source}:{line}" if line else self._source
+        return ConfigError(f"{where}: {'.'.join(str(x) for x in loc)}: {message}")
 
     def digest(self) -> str:
         """sha256 of the resolved config, canonical JSON (sorted keys)."""
@@ -200,58 +241,153 @@ class Config(_Strict):
         return path if path.is_absolute() else Path(self.base_dir) / path
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config; raises ConfigError naming the file, field and line on any problem."""
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
+                flags: dict[str, str] | None = None) -> Config:
+    """Read a YAML config; raises ConfigError naming the file, field and line on any problem.
+
+    `overrides` (dotted field -> value) replace the file's values; `flags` names the command-line
+    option each came from (`{"schedule.trials": "--trials"}`), so an error in one blames the option.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{where}: malformed YAML: {problem}") from e
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: config file is {size:,} bytes (at most {MAX_CONFIG_BYTES:,})")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from e
+    data = _load_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     data.setdefault("base_dir", str(path.parent.resolve()))
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    return parse_config(data, source=str(path), text=text)
+    return parse_config(data, source=str(path), text=text, flags=flags)
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None) -> Config:
+def _load_yaml(text: str, source: str) -> Any:
+    """safe_load, refusing duplicate keys, recursive aliases and alias bombs (checked before expanding)."""
+    loader = yaml.SafeLoader(text)
     try:
-        return Config.model_validate(data)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_graph(node, source)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{source}{where}: malformed YAML: {problem}") from e
+    except RecursionError as e:
+        raise ConfigError(f"{source}: malformed YAML: nested too deeply") from e
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_graph(root: yaml.Node, source: str) -> None:
+    """Duplicate keys, alias count and expanded size, walking the composed graph once (aliases are
+    shared nodes there: nothing is expanded)."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    aliases = 0
+
+    def fail(node: yaml.Node, path: list[str], message: str) -> ConfigError:
+        field = ".".join(path) or "<root>"
+        return ConfigError(f"{source}:{node.start_mark.line + 1}: {field}: {message}")
+
+    def size(node: yaml.Node, path: list[str]) -> int:
+        nonlocal aliases
+        key = id(node)
+        if key in active:
+            raise fail(node, path, "recursive YAML alias")
+        if key in sizes:
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise fail(node, path, f"more than {MAX_YAML_ALIASES} YAML aliases")
+            return sizes[key]
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for k, v in node.value:
+                name = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if (k.tag, name) in seen:
+                        raise fail(k, [*path, name], f"duplicate key (first on line {seen[(k.tag, name)]})")
+                    seen[(k.tag, name)] = k.start_mark.line + 1
+                total += size(k, [*path, name]) + size(v, [*path, name])
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                total += size(item, [*path, str(i)])
+        active.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            raise fail(node, path, f"expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases)")
+        return total
+
+    size(root, [])
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None,
+                 flags: dict[str, str] | None = None) -> Config:
+    try:
+        config = Config.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         loc = [str(x) for x in err["loc"]]
         field = ".".join(loc) or "<root>"
-        line = _line_of(text, err["loc"]) if text else None
-        where = f"{source}:{line}" if line else source
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "missing":
             msg = "required field missing"
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        flag = next((f for dotted, f in (flags or {}).items() if field == dotted or field.startswith(dotted + ".")),
+                    None)
+        if flag is not None:
+            raise ConfigError(f"{flag}: {msg} (got {err.get('input')!r})") from e
+        line = _line_of(text, err["loc"]) if text else None
+        where = f"{source}:{line}" if line else source
         raise ConfigError(f"{where}: {field}: {msg}{more}") from e
+    config._source, config._text = source, text
+    _cross_check(config)
+    return config
+
+
+def _cross_check(config: Config) -> None:
+    """Checks between fields, each blamed on the field a user would change."""
+    s, e = config.schedule, config.engine
+    if s.batch_size[1] > e.max_num_seqs:
+        raise config.error(("schedule", "batch_size"), f"max {s.batch_size[1]} is above engine.max_num_seqs "
+                           f"({e.max_num_seqs}): a trial would not fit one forward pass")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
     for k in keys[:-1]:
-        node = node.setdefault(k, {})
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            return  # the file's value is not a mapping: validation names it
+        node = child
     node[keys[-1]] = value
 
 
 def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest YAML node on `loc` that exists in the file."""
     try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
         return None
     line = None
     for key in loc:

@@ -44,6 +44,7 @@ def draw_seed(config: Config, seed: int | None) -> int:
 def plan_run(config: Config, seed: int | None = None) -> Plan:
     from oracle.engines import check_engine_config
     from oracle.golden import golden_path, read_golden
+    from oracle.models.context import check_context
     from oracle.prompts import check_prompts, load_targets, vocab_size_of
     from oracle.schedule import draw_schedule
 
@@ -54,6 +55,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
         read_golden(golden_path(config))  # type: ignore[arg-type]
     model_dir = resolve_model(config)
     targets = tuple(load_targets(config, model_dir))
+    check_context(config, model_dir, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
     return Plan(config, model_dir, targets, trials, seed, vocab_size_of(model_dir))
 

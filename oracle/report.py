@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
@@ -138,12 +138,43 @@ class Report(_Model):
     coverage: dict[str, int] = Field(default_factory=dict, description="condition -> trials that hit it")
     error: str | None = None
     complete: bool = False
+    # The exit code `error` stands for when it is not an engine error (3): 2 for a config or model
+    # error, 130/143 for SIGINT/SIGTERM. Written as report.json's `exit_code`, read back from it.
+    _error_exit_code: int | None = PrivateAttr(default=None)
 
     def exit_code(self) -> int:
-        """0 every required check passed, 1 one failed or was vacuous, 3 an engine error (written as `exit_code`)."""
+        """The process's exit code for this report (written as `exit_code`); a report that is not complete
+        never reads as a pass: 0 every required check passed, 1 one failed or was vacuous, else the error's."""
         if self.error is not None:
+            return self._error_exit_code if self._error_exit_code is not None else EXIT_ENGINE
+        if not self.complete:
             return EXIT_ENGINE
         return EXIT_FAILED if any(c.blocks for c in self.checks) else EXIT_OK
+
+    def set_error(self, message: str, exit_code: int = EXIT_ENGINE) -> None:
+        """Record why the run stopped early (the report stays `complete: false`)."""
+        self.error = message
+        self._error_exit_code = exit_code
+        self.complete = False
+
+    def mark_stopped(self, e: BaseException) -> None:
+        """Record an exception that stopped the run: a signal (130/143), an OracleError (its code),
+        or anything else (3), with the matching exit code."""
+        from oracle.errors import OracleError
+        from oracle.signals import describe, exit_code_of
+
+        if isinstance(e, KeyboardInterrupt):
+            self.set_error(describe(e), exit_code_of(e))
+        elif isinstance(e, OracleError):
+            self.set_error(str(e), e.exit_code)
+        elif isinstance(e, SystemExit):
+            self.set_error(f"sys.exit({e.code!r}) was called during the run", EXIT_ENGINE)
+        else:
+            self.set_error(f"{type(e).__name__}: {e}", EXIT_ENGINE)
+
+    @property
+    def partial(self) -> bool:
+        return not self.complete
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -161,10 +192,22 @@ class Report(_Model):
         """Write `report_dir/report.json` atomically (a reader never sees half a report)."""
         report_dir.mkdir(parents=True, exist_ok=True)
         path = report_dir / "report.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, path)
+        write_atomic(path, self.to_json())
         return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary name beside `path`, flush it to disk, then rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def load_report(path: Path) -> Report:
@@ -177,13 +220,16 @@ def load_report(path: Path) -> Report:
         raise ConfigError(f"{path}: cannot read report ({e})") from e
     if not isinstance(data, dict) or "config" not in data:
         raise ConfigError(f"{path}: not an oracle report.json")
-    data.pop("exit_code", None)
+    code = data.pop("exit_code", None)
     try:
-        return Report.model_validate(data)
+        report = Report.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"])
         raise ConfigError(f"{path}: not a report of this oracle version ({field}: {err['msg']})") from e
+    if report.error is not None and isinstance(code, int):
+        report._error_exit_code = code
+    return report
 
 
 def report_schema() -> dict[str, Any]:

@@ -34,9 +34,10 @@ View = Callable[[Report, Path], Any]
 
 
 def engine_builder(plan: Plan) -> Callable[[Mode], Engine]:
-    from oracle.engines import build_engine
+    """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error."""
+    from oracle.watchdog import start_engine
 
-    return lambda mode: build_engine(plan.config.engine, plan.model_dir, mode)
+    return lambda mode: start_engine(plan.config.engine, plan.model_dir, mode)
 
 
 class OpLocalizer:
@@ -83,18 +84,27 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
                 report.timings[f"{mode}_s"] = round(execution.seconds, 3)
         report.complete = True
     except EngineError as e:
-        report.error = str(e)
-    except KeyboardInterrupt:
-        report.error = "interrupted"
+        report.set_error(str(e))
+    except BaseException as e:  # a signal, a model error while loading, sys.exit(): recorded, then raised
+        report.mark_stopped(e)
         raise
     finally:
         # Judge what completed, so an engine failure or a signal still leaves a useful report.
         finish(plan, results, report)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        report.write(out_dir)
+        write_report(report, out_dir, views)
+    return report
+
+
+def write_report(report: Report, out_dir: Path, views: Sequence[View] = ()) -> Path:
+    """The views' formats, then report.json (never older than they), with SIGINT/SIGTERM held meanwhile:
+    the run is over, so a signal arriving now must not make the exit code disagree with the report."""
+    from oracle.signals import deferred
+
+    with deferred(raise_after=False):
         for view in views:
             view(report, out_dir)
-    return report
+        return report.write(out_dir)
 
 
 def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
@@ -117,13 +127,13 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
 
 def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:
     """Run the invariant solo references only and write them, with the environment, to `golden_file`."""
-    from oracle.engines import build_engine
     from oracle.golden import make_golden, write_golden
+    from oracle.watchdog import start_engine
 
     observer = observer or Observer()
     plan = plan_run(config.model_copy(update={"checks": config.checks.model_copy(
         update={"golden": config.checks.golden.model_copy(update={"requirement": "off"})})}))
-    engine = build_engine(config.engine, plan.model_dir, "invariant")
+    engine = start_engine(config.engine, plan.model_dir, "invariant")
     env = collect_environment()
     env["engines"] = {"invariant": engine.describe()}
     refs: dict[str, Completion] = {}

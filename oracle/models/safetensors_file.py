@@ -77,3 +77,63 @@ def write_safetensors(
             _write_tensor(f, tensor)
         if next(spec_iter, None) is not None:
             raise ValueError("fewer tensors than the header lists")
+
+
+# Reading: a file's header checked against its size before any tensor is read, so a truncated or
+# corrupt file is one line naming it (and the tensor), not a library error or a huge allocation.
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+MAX_HEADER_BYTES = 100 << 20
+
+
+def read_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The tensors a safetensors file holds (name -> dtype, shape, data_offsets), each checked
+    against the file's size. Raises ModelError naming the file, and the tensor where one is at fault."""
+    from oracle.errors import ModelError
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelError(f"{path}: not a safetensors file ({size} bytes: truncated)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise ModelError(f"{path}: not a safetensors file or truncated (header of {n} bytes, file of {size})")
+            raw = f.read(n)
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelError(f"{path}: corrupt safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise ModelError(f"{path}: corrupt safetensors header (not a JSON object)")
+    data_size = size - 8 - n
+    tensors: dict[str, dict[str, Any]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor {name}"
+        if not isinstance(info, dict):
+            raise ModelError(f"{where}: corrupt header entry")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in ITEMSIZE:
+            raise ModelError(f"{where}: unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise ModelError(f"{where}: corrupt shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise ModelError(f"{where}: corrupt data_offsets {offsets!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if offsets[1] - offsets[0] != numel * ITEMSIZE[dtype]:
+            raise ModelError(f"{where}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
+                             f"(expected {numel * ITEMSIZE[dtype]})")
+        if offsets[1] > data_size:
+            raise ModelError(f"{where}: bytes [{offsets[0]}, {offsets[1]}) beyond the end of the data "
+                             f"({data_size} bytes): the file is truncated")
+        tensors[name] = {"dtype": dtype, "shape": tuple(shape), "data_offsets": tuple(offsets)}
+    return tensors

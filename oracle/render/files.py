@@ -1,25 +1,131 @@
-"""The report's other formats, written beside report.json: JUnit XML, Markdown, HTML."""
+"""The report's files: report.json and, beside it, JUnit XML, Markdown and HTML.
+
+Every file is written to a temporary name and renamed over the old one, so a reader sees either
+the previous file or the new one, never half of one. A report that is not complete says so in
+every format: report.json has `complete: false`, the others say "partial report". A run starts by
+replacing all four with a "started" report (`complete: false`), so a folder never shows a previous
+run's report as if it were this run's, even when the process is killed outright.
+"""
 
 from __future__ import annotations
 
+import html
 import os
+import tempfile
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
+from oracle.errors import ConfigError
 from oracle.render.html import render_html
 from oracle.render.junit import render_junit
 from oracle.render.markdown import render_markdown
-from oracle.report import Report
+from oracle.report import Report, write_atomic
+from oracle.signals import deferred
+
+FILES = {"json": "report.json", "junit": "junit.xml", "markdown": "summary.md", "html": "report.html"}
+STARTED = "the run started but did not finish writing its report (it was killed or is still running)"
+
+
+def report_dir_problem(path: Path) -> str | None:
+    """Why the report folder cannot be made or written, or None (it then exists)."""
+    if path.exists() and not path.is_dir():
+        return f"the report folder {path} is a file, not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the report folder {path} ({e.strerror or e})"
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".oracle-write-test-"):
+            pass
+    except OSError as e:
+        return f"cannot write in the report folder {path} ({e.strerror or e})"
+    return None
+
+
+def check_report_dir(path: Path, blame: str = "report_dir") -> None:
+    """ConfigError (exit 2) `blame: problem` when the report folder cannot be made or written."""
+    problem = report_dir_problem(path)
+    if problem is not None:
+        raise ConfigError(f"{blame}: {problem}")
+
+
+def _partial_line(report: Report) -> str:
+    return f"partial report: the run did not complete ({report.error or 'no reason recorded'})"
+
+
+def _mark_markdown(text: str, report: Report) -> str:
+    head, _, rest = text.partition("\n")
+    line = _partial_line(report).replace("|", "\\|").replace("`", "'").replace("<", "&lt;").replace(">", "&gt;")
+    return f"{head}\n\n**{line}**\n{rest}"
+
+
+def _mark_html(text: str, report: Report) -> str:
+    banner = f'<p class="partial"><strong>{html.escape(_partial_line(report))}</strong></p>'
+    at = text.find("</h1>")
+    if at < 0:
+        at = text.find("<body>")
+        end = at + len("<body>") if at >= 0 else 0
+    else:
+        end = at + len("</h1>")
+    return text[:end] + "\n" + banner + text[end:]
+
+
+def _mark_junit(text: str, report: Report) -> str:
+    """An errored `oracle.run/complete` test case, so CI lists the run as not finished."""
+    root = ET.fromstring(text.encode("utf-8"))
+    suite = ET.SubElement(root, "testsuite", name="oracle.run", tests="1", failures="0", errors="1", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname="oracle.run", name="complete")
+    line = _partial_line(report)
+    ET.SubElement(case, "error", message=line).text = line
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_formats(report: Report) -> dict[str, str]:
+    """The text of junit.xml, summary.md and report.html, marked partial when the report is."""
+    texts = {"junit": render_junit(report), "markdown": render_markdown(report), "html": render_html(report)}
+    if report.partial:
+        texts = {"junit": _mark_junit(texts["junit"], report), "markdown": _mark_markdown(texts["markdown"], report),
+                 "html": _mark_html(texts["html"], report)}
+    return texts
 
 
 def write_formats(report: Report, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "junit": (out_dir / "junit.xml", render_junit(report)),
-        "markdown": (out_dir / "summary.md", render_markdown(report)),
-        "html": (out_dir / "report.html", render_html(report)),
-    }
-    for path, text in files.values():
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    return {k: p for k, (p, _) in files.items()}
+    paths = {}
+    for key, text in render_formats(report).items():
+        paths[key] = out_dir / FILES[key]
+        write_atomic(paths[key], text)
+    return paths
+
+
+def write_report(report: Report, out_dir: Path, *, final: bool = True) -> Path:
+    """report.json and every other format, with SIGINT/SIGTERM held until all four are written.
+
+    `final`: the run is over (done or stopping), so a signal arriving while writing is dropped
+    rather than raised (raising then would make the exit code disagree with the report).
+    report.json is written last: the formats beside it are never older than it.
+    """
+    with deferred(raise_after=not final):
+        write_formats(report, out_dir)
+        return report.write(out_dir)
+
+
+def write_started(report: Report, out_dir: Path) -> Path:
+    """Replace whatever report the folder holds with this run's "started" one (`complete: false`)."""
+    if report.error is None:
+        report.set_error(STARTED)
+    return write_report(report, out_dir, final=False)
+
+
+def report_is(out_dir: Path, stamp: tuple[int, int] | None) -> bool:
+    """True when report.json is still the file with `stamp` (see `stamp_of`): nothing rewrote it."""
+    return stamp is not None and stamp_of(out_dir) == stamp
+
+
+def stamp_of(out_dir: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(out_dir / FILES["json"])
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

@@ -8,6 +8,9 @@ evidence is real for the fake's own schedule.
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +29,8 @@ class FakeEngine:
                  diverge_mode: str = "invariant", diverge_step: int = 0, diverge_not_first: bool = False,
                  fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False,
                  sleep_s: float = 0.0, diverge_from_tokens: int | None = None,
-                 nondeterministic_from_call: int | None = None) -> None:
+                 nondeterministic_from_call: int | None = None, fault_after_calls: int | None = None,
+                 fault: str = "", close_raises: bool = False, announce: bool = False) -> None:
         self.mode = mode
         self.diverge_from_batch = diverge_from_batch
         self.diverge_mode = diverge_mode
@@ -40,16 +44,31 @@ class FakeEngine:
         self.diverge_from_tokens = diverge_from_tokens
         # From this call on, every call perturbs every output a little differently (run-to-run noise).
         self.nondeterministic_from_call = nondeterministic_from_call
+        # After `fault_after_calls` calls, generate() does `fault`: hang | sys_exit | os_exit.
+        self.fault_after_calls = fault_after_calls
+        self.fault = fault
+        self.close_raises = close_raises
+        self.announce = announce  # print each call to stdout, so a test can wait for the run to be under way
         self.calls = 0
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "fake", "invariance_mechanism": "none (fake)"}
 
     def close(self) -> None:
-        pass
+        if self.close_raises:
+            raise RuntimeError("planted close failure")
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         self.calls += 1
+        if self.announce:
+            print(f"fake engine: {self.mode} call {self.calls}", flush=True)
+        if self.fault_after_calls is not None and self.calls > self.fault_after_calls:
+            if self.fault == "hang":
+                threading.Event().wait()
+            elif self.fault == "sys_exit":
+                sys.exit(0)
+            elif self.fault == "os_exit":
+                os._exit(0)
         if self.sleep_s:
             time.sleep(self.sleep_s)
         if self.fail_after_calls is not None and self.calls > self.fail_after_calls:

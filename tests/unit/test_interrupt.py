@@ -1,4 +1,7 @@
-"""Ctrl-C during a run: exit 130 and a partial report with what completed."""
+"""SIGINT and SIGTERM during `oracle run` (a real subprocess): exit 130/143 and a partial report in every format.
+
+Signals are sent once the output shows how far the run got, never after a fixed sleep.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +10,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
-def test_ctrl_c_writes_partial_report(fake_model: Path, tmp_path: Path) -> None:
+def _start(tmp_path: Path, model: Path, timeout_s: float | None = None, **options: Any) -> subprocess.Popen[str]:
+    engine: dict[str, Any] = {"kind": "fake_engine:FakeEngine",
+                              "options": {"sleep_s": 0.02, "announce": True, **options}}
+    if timeout_s is not None:
+        engine["timeout_s"] = timeout_s
     cfg = {
-        "model": str(fake_model),
-        "engine": {"kind": "fake_engine:FakeEngine", "options": {"sleep_s": 0.05}},
+        "model": str(model),
+        "engine": engine,
         "prompts": {"random": {"count": 2, "min_len": 2, "max_len": 4}},
         "sampling": {"max_tokens": 3},
         "schedule": {"trials": 200, "seed": 1, "batch_size": [1, 8]},
@@ -28,18 +36,81 @@ def test_ctrl_c_writes_partial_report(fake_model: Path, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
            "CI": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "oracle", "run", str(path)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "oracle", "run", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str) -> None:
     assert proc.stdout is not None
-    for line in proc.stdout:  # the invariant phase has started: trials are running
-        if line.startswith("invariant:"):
-            break
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
+    for line in proc.stdout:
+        if needle in line:
+            return
+    raise AssertionError(f"the run ended before printing {needle!r}: {proc.communicate()[1]}")
+
+
+def _formats(report_dir: Path) -> dict[str, str]:
+    return {name: (report_dir / name).read_text() for name in ("summary.md", "junit.xml", "report.html")}
+
+
+def _stale_pass(report_dir: Path) -> None:
+    """A previous run's passing report, which must not survive as this run's."""
+    report_dir.mkdir(parents=True)
+    (report_dir / "report.json").write_text(json.dumps({"complete": True, "exit_code": 0, "error": None}))
+    for name in ("summary.md", "junit.xml", "report.html"):
+        (report_dir / name).write_text("STALE: passed (exit 0)\n")
+
+
+@pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_signal_mid_run_writes_partial_report(fake_model: Path, tmp_path: Path, sig: int, code: int,
+                                              name: str) -> None:
+    proc = _start(tmp_path, fake_model)
+    _wait_for(proc, "fake engine: invariant call 20")  # solo runs done, trials under way
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
+    assert proc.returncode == code, err
+    assert f"interrupted ({name})" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["complete"] is False and report["error"] == "interrupted"
+    assert report["complete"] is False and report["error"] == f"interrupted ({name})"
+    assert report["exit_code"] == code
     inv = next(c for c in report["checks"] if c["name"] == "invariance")
-    assert 0 < inv["trials"] < 200
+    assert 0 < inv["trials"] < 200  # what completed is judged
+    for text in _formats(tmp_path / "report").values():
+        assert "partial report" in text and f"interrupted ({name})" in text
+
+
+def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp_path: Path) -> None:
+    _stale_pass(tmp_path / "report")
+    proc = _start(tmp_path, fake_model)
+    _wait_for(proc, "oracle: writing the report to")  # the first line the run prints
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["complete"] is False and report["exit_code"] == 143
+    assert report["error"] == "interrupted (SIGTERM)"
+    for text in _formats(tmp_path / "report").values():
+        assert "STALE" not in text and "partial report" in text
+
+
+def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Path) -> None:
+    """os._exit ends the process at once: the folder holds this run's "started" report, not the old pass."""
+    _stale_pass(tmp_path / "report")
+    proc = _start(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
+    proc.communicate(timeout=60)
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["complete"] is False and report["exit_code"] == 3
+    assert "did not finish" in report["error"]
+    for text in _formats(tmp_path / "report").values():
+        assert "STALE" not in text and "partial report" in text
+
+
+def test_hanging_engine_hits_the_watchdog(fake_model: Path, tmp_path: Path) -> None:
+    """A generate() that never returns: engine.timeout_s stops the run with exit 3 and a partial report."""
+    proc = _start(tmp_path, fake_model, timeout_s=0.5, fault_after_calls=5, fault="hang")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "engine.timeout_s" in err and "Traceback" not in err
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["complete"] is False and report["exit_code"] == 3 and "engine.timeout_s" in report["error"]
+    assert "partial report" in (tmp_path / "report" / "summary.md").read_text()

@@ -9,6 +9,7 @@ import torch
 
 from oracle.engines.native.model import Decoder, ModelConfig
 from oracle.errors import ModelError
+from oracle.models.safetensors_file import FLOAT_DTYPES, read_header
 
 _ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -23,60 +24,117 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: not a JSON object")
     archs = raw.get("architectures") or []
-    arch = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+    arch = next((_ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in _ARCHITECTURES), None)
     if arch is None:
         raise ModelError(f"{path}: architectures {archs} not supported by the native engine "
                          f"(supported: {', '.join(_ARCHITECTURES)})")
-    heads = int(raw["num_attention_heads"])
+
+    def positive(key: str, default: int | None = None) -> int:
+        value = raw.get(key, default)
+        if value is None:
+            raise ModelError(f"{path}: {key} missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"{path}: {key} must be a positive integer, got {value!r}")
+        return value
+
+    def number(key: str, default: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ModelError(f"{path}: {key} must be a positive number, got {value!r}")
+        return float(value)
+
+    heads = positive("num_attention_heads")
+    hidden = positive("hidden_size")
     eos = raw.get("eos_token_id")
     return ModelConfig(
         architecture=arch,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
+        vocab_size=positive("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=positive("intermediate_size"),
+        num_layers=positive("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        num_kv_heads=positive("num_key_value_heads", heads),
+        head_dim=positive("head_dim", None) if raw.get("head_dim") else max(1, hidden // heads),
+        rms_norm_eps=number("rms_norm_eps", 1e-6),
+        rope_theta=number("rope_theta", 10000.0),
+        max_position_embeddings=positive("max_position_embeddings", 4096),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
-        eos_token_id=eos if isinstance(eos, int) else (eos[0] if eos else None),
+        eos_token_id=eos if isinstance(eos, int) else (eos[0] if isinstance(eos, list) and eos else None),
     )
 
 
 def load_decoder(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Decoder:
     """Read config and weights; every tensor is cast to `dtype` and moved to `device`."""
-    from safetensors.torch import load_file
 
     config = read_model_config(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{model_dir}: no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
+    expected = expected_shapes(config)
+    known = {**optional_shapes(config), **expected}
+    where: dict[str, Path] = {}
     for f in files:
-        for name, t in load_file(str(f), device="cpu").items():
-            weights[name] = t.to(dtype=dtype, device=device)
-    missing = [n for n in _required_names(config) if n not in weights]
+        for name, info in read_header(f).items():
+            where[name] = f
+            shape = known.get(name)
+            if shape is None:
+                continue
+            if info["shape"] != shape:
+                raise ModelError(f"{f}: tensor {name} has shape {list(info['shape'])}, config.json needs "
+                                 f"{list(shape)}")
+            if info["dtype"] not in FLOAT_DTYPES:
+                raise ModelError(f"{f}: tensor {name} has dtype {info['dtype']}, not a float type "
+                                 f"({', '.join(FLOAT_DTYPES)})")
+    missing = [n for n in expected if n not in where]
     if missing:
         raise ModelError(f"{model_dir}: weights lack {len(missing)} tensors, e.g. {missing[0]}")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(_read_tensors(f, dtype, device))
     return Decoder(config, weights)
 
 
-def _required_names(c: ModelConfig) -> list[str]:
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
+def _read_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of one file, cast and moved; ModelError naming the file and tensor on a failure."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    name = None
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                out[name] = f.get_tensor(name).to(dtype=dtype, device=device)
+    except Exception as e:  # noqa: BLE001 - the library raises its own error types for corrupt files
+        what = f"tensor {name}" if name is not None else "file"
+        raise ModelError(f"{path}: {what} unreadable ({type(e).__name__}: {e})") from e
+    return out
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the decoder needs and its shape, from config.json."""
+    h, q, kv, i = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
     if not c.tie_word_embeddings:
-        names.append("lm_head.weight")
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        names += [p + s for s in (
-            "input_layernorm.weight", "post_attention_layernorm.weight",
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-        )]
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for n in range(c.num_layers):
+        p = f"model.layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+        })
         if c.architecture == "qwen3":
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-    return names
+            shapes.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
+    return shapes
+
+
+def optional_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors the decoder uses when present (attention biases), and their shapes."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {f"model.layers.{n}.self_attn.{proj}.bias": (size,) for n in range(c.num_layers)
+            for proj, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))}

@@ -1,0 +1,112 @@
+"""SIGINT and SIGTERM: both stop the run the same way, as an `Interrupted` exception in the main thread.
+
+`Interrupted` is a KeyboardInterrupt, so every `finally` and `except KeyboardInterrupt` already on
+the way out (closing engines, writing the partial report) runs for SIGTERM too. Its `exit_code`
+is 128 + the signal number: 130 for SIGINT, 143 for SIGTERM. While `deferred()` is active
+(writing a report), a signal is held and raised when the block ends, so a report is never cut
+in half by the signal that asked for it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal; `exit_code` is 128 + its number."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        self.signum = signum
+        super().__init__(self.describe())
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def describe(self) -> str:
+        return f"interrupted ({signal.Signals(self.signum).name})"
+
+
+def exit_code_of(e: BaseException) -> int:
+    """130 for a plain KeyboardInterrupt (Ctrl-C outside our handler), else the signal's code."""
+    return e.exit_code if isinstance(e, Interrupted) else 128 + signal.SIGINT
+
+
+def describe(e: BaseException) -> str:
+    return e.describe() if isinstance(e, Interrupted) else "interrupted (SIGINT)"
+
+
+_pending: list[int] = []
+_defer_depth = 0
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    if _settled:
+        return
+    if _defer_depth:
+        _pending.append(signum)
+        return
+    raise Interrupted(signum)
+
+
+def install() -> dict[int, Any]:
+    """(Re)arm: route SIGINT and SIGTERM to `Interrupted`; returns the previous handlers (for `restore`).
+
+    A no-op outside the main thread (Python allows handlers only there).
+    """
+    global _settled
+    _settled = False
+    _pending.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _handler) for s in HANDLED}
+
+
+def restore(previous: dict[int, Any]) -> None:
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    previous = install()
+    try:
+        yield
+    finally:
+        restore(previous)
+
+
+@contextmanager
+def deferred(raise_after: bool = True) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then raise the first one held.
+
+    With `raise_after=False` a signal held is dropped: for the final report, written when the work
+    is done (or already stopping), where raising would make the exit code disagree with it.
+    """
+    global _defer_depth
+    _defer_depth += 1
+    try:
+        yield
+    finally:
+        _defer_depth -= 1
+    if not _defer_depth and _pending:
+        signum = _pending[0]
+        _pending.clear()
+        if raise_after and not _settled:
+            raise Interrupted(signum)
+
+
+_settled = False
+
+
+def settle() -> None:
+    """The final report is written: signals from now on are ignored, so the exit code stays its."""
+    global _settled
+    _settled = True

@@ -1,0 +1,157 @@
+"""Calls into an engine with a deadline, and with every way out of it turned into an `EngineError`.
+
+An engine runs in this process (native, transformers, a user's `package.module:Class`), so a
+hang or a `sys.exit()` inside it would otherwise hang or end the run with no report. `call` runs
+the function in a daemon thread and waits at most `timeout_s`; the main thread stays free to take
+SIGINT/SIGTERM while it waits. A call that does not return in time is abandoned (its thread keeps
+running until the process exits) and the run stops with exit 3.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from oracle.errors import EngineError, OracleError
+
+if TYPE_CHECKING:
+    from oracle.config import EngineConfig
+    from oracle.engines.base import Completion, Mode, Request
+
+T = TypeVar("T")
+CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
+
+
+def _as_engine_error(what: str, e: BaseException) -> OracleError:
+    if isinstance(e, OracleError):
+        return e
+    if isinstance(e, SystemExit):
+        return EngineError(f"engine called sys.exit({e.code!r}) in {what}")
+    return EngineError(f"engine raised {type(e).__name__} in {what}: {e}")
+
+
+class Worker:
+    """One daemon thread that runs calls one at a time, so an engine sees the same thread every call
+    (torch's OpenMP pool is per calling thread). After a call times out the thread is abandoned
+    and the next call gets a new one."""
+
+    def __init__(self) -> None:
+        self.abandoned = False  # a call was left running (timed out or interrupted)
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], list[BaseException], threading.Event]] = (
+            queue.SimpleQueue())
+
+    def _loop(self) -> None:
+        while True:
+            fn, result, error, done = self._jobs.get()
+            try:
+                result.append(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                error.append(e)
+            finally:
+                done.set()
+
+    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+        if self._thread is None or not self._thread.is_alive():
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._loop, name="oracle-engine", daemon=True)
+            self._thread.start()
+        result: list[T] = []
+        error: list[BaseException] = []
+        done = threading.Event()
+        self._jobs.put((fn, result, error, done))
+        try:
+            finished = done.wait(timeout_s)
+        except BaseException:
+            self._thread = None  # interrupted while the call runs: never hand this thread more work
+            self.abandoned = True
+            raise
+        if not finished:
+            self._thread = None
+            self.abandoned = True
+            raise EngineError(f"engine {what} did not return within {timeout_s:g} s (engine.timeout_s)")
+        if error:
+            failure = error[0]
+            if isinstance(failure, KeyboardInterrupt):
+                raise EngineError(f"engine raised KeyboardInterrupt in {what}") from failure
+            raise _as_engine_error(what, failure) from failure
+        return result[0]
+
+
+def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker | None = None) -> T:
+    """`fn()`, or EngineError when it raises, calls sys.exit() or runs past `timeout_s` seconds.
+
+    With a deadline `fn` runs on `worker` (a fresh one when None); `timeout_s` None or 0 calls `fn`
+    in this thread (exceptions still converted). KeyboardInterrupt (SIGINT/SIGTERM in this thread)
+    propagates unchanged.
+    """
+    if not timeout_s:
+        try:
+            return fn()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit and any engine failure become exit 3
+            raise _as_engine_error(what, e) from e
+    return (worker or Worker()).call(fn, timeout_s, what)
+
+
+class GuardedEngine:
+    """An engine whose every call goes through `call` with the config's `engine.timeout_s`.
+
+    `close()` never raises: a failure or a hang there is a note in the engine's description (the
+    dict `describe()` last returned, which the report's environment holds) and in `close_error`.
+    """
+
+    def __init__(self, engine: Any, timeout_s: float | None) -> None:
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.mode = engine.mode
+        self.close_error: str | None = None
+        self._described: dict[str, Any] | None = None
+        self._worker = Worker()
+
+    def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        if max_num_batched_tokens is None:
+            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker)
+        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate", self._worker)
+
+    def describe(self) -> dict[str, Any]:
+        described = call(self.engine.describe, self._cleanup_timeout(), "describe", self._worker)
+        if not isinstance(described, dict):
+            raise EngineError(f"engine describe() returned {type(described).__name__}, not a dict")
+        self._described = described
+        return described
+
+    def _cleanup_timeout(self) -> float | None:
+        """After an abandoned call (a hang, a signal) the run is stopping: do not wait long for the rest."""
+        if self._worker.abandoned:
+            return min(self.timeout_s or CLOSE_AFTER_ABANDON_S, CLOSE_AFTER_ABANDON_S)
+        return self.timeout_s
+
+    def close(self) -> None:
+        try:
+            call(self.engine.close, self._cleanup_timeout(), "close", self._worker)
+        except OracleError as e:
+            self.close_error = str(e)
+            if self._described is not None:
+                self._described["close_error"] = str(e)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "engine" or name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(self.engine, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name, self._worker)
+
+
+def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:
+    """build_engine, with sys.exit() and stray exceptions while starting turned into EngineError,
+    wrapped so that every later call has the watchdog."""
+    from oracle.engines import build_engine
+
+    engine = call(lambda: build_engine(cfg, model_dir, mode), None, "start")
+    return GuardedEngine(engine, cfg.timeout_s)
