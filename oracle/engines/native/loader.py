@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from oracle.engines.native.model import Decoder, ModelConfig
 from oracle.errors import ModelError
+from oracle.models.architectures import native_architecture, read_config_json, rope_theta
 
-_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def read_model_config(model_dir: Path) -> ModelConfig:
     """Parse `model_dir/config.json`; raises ModelError naming the file when it is missing or unsupported."""
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise ModelError(f"{path}: no config.json; make a model with `oracle model make PRESET DIR`")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: not valid JSON ({e})") from e
-    archs = raw.get("architectures") or []
-    arch = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
-    if arch is None:
-        raise ModelError(f"{path}: architectures {archs} not supported by the native engine "
-                         f"(supported: {', '.join(_ARCHITECTURES)})")
+    arch = native_architecture(model_dir)
+    raw = read_config_json(model_dir)
     heads = int(raw["num_attention_heads"])
     eos = raw.get("eos_token_id")
     return ModelConfig(
@@ -40,10 +29,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         num_kv_heads=int(raw.get("num_key_value_heads", heads)),
         head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta(raw),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", False)),
+        attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
         eos_token_id=eos if isinstance(eos, int) else (eos[0] if eos else None),
     )
 
@@ -79,4 +68,6 @@ def _required_names(c: ModelConfig) -> list[str]:
         )]
         if c.architecture == "qwen3":
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if c.attention_bias:  # Qwen2: q, k, v; Llama with attention_bias: o too (checked only where given)
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
     return names

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 class ModelConfig:
     """The fields of an HF `config.json` that the decoder needs."""
 
-    architecture: str  # "qwen3" | "llama"
+    architecture: str  # "qwen3" | "qwen2" | "llama" | "mistral" (oracle.models.architectures)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -124,7 +124,8 @@ class Decoder:
                 q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
                 scale, inputs.num_kv_splits,
             )  # [T, Hq, D]
-            h = h + F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
+            h = h + F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"],
+                             w.get(p + "self_attn.o_proj.bias"))
             x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
             gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
             up = F.linear(x, w[p + "mlp.up_proj.weight"])
