@@ -97,6 +97,7 @@ def test_model_revision_applies_to_hub_ids_only(hub: Path, made: Path) -> None:
         resolve_for_run(parse_config(_config(str(made), model_revision="v1")))
 
 
+@pytest.mark.slow
 def test_oracle_run_on_a_hub_id_offline(hub: Path, tmp_path: Path) -> None:
     """The CLI in a fresh process: HF_HUB_OFFLINE=1 and HF_HUB_CACHE, model: acme/tiny at v1."""
     cfg = tmp_path / "hub.yaml"
