@@ -2,7 +2,8 @@
 
 Requests go out from one asyncio loop, at most `concurrency` in flight, each after its arrival
 delay, so the server batches them as it would batch real traffic. Prompts are token ids and the
-server is asked for token ids back (`return_tokens_as_token_ids`), so no tokenizer is involved.
+server is asked for token ids back (vLLM's `return_tokens_as_token_ids`, SGLang's
+`return_token_ids`), so no tokenizer is involved.
 
 What is compared: token ids; the float32 log-probability of each sampled token; `top2` holds the
 top-1 and top-2 logprobs of each step (their difference is the logit margin); and
@@ -95,12 +96,26 @@ def _token_id(token: str) -> int:
     return int(num)
 
 
-def topk_digest(top: dict[int, float]) -> str:
-    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id."""
+def topk_digest(top: dict[int, float] | dict[str, float]) -> str:
+    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id.
+
+    A server that names top-k entries by token text (no ids) gets (utf-8 text, float32 bits) pairs
+    sorted by text: still a bitwise comparison of the same top-k.
+    """
     h = hashlib.sha256()
-    for tid in sorted(top):
-        h.update(struct.pack("<iI", tid, struct.unpack("<I", struct.pack("<f", top[tid]))[0]))
+    for key in sorted(top):  # type: ignore[type-var]
+        bits = struct.unpack("<I", struct.pack("<f", top[key]))[0]  # type: ignore[index]
+        if isinstance(key, int):
+            h.update(struct.pack("<iI", key, bits))
+        else:
+            data = str(key).encode()
+            h.update(struct.pack("<I", len(data)) + data + struct.pack("<I", bits))
     return h.hexdigest()
+
+
+def _top_key(token: str) -> int | str:
+    prefix, _, num = token.partition(":")
+    return int(num) if prefix == "token_id" and num.lstrip("-").isdigit() else token
 
 
 def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Completion:
@@ -108,14 +123,18 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
     lp = choice["logprobs"]
     if not isinstance(lp, dict):
         raise ValueError("no logprobs in the answer")
-    token_ids = [_token_id(t) for t in lp["tokens"]]
+    ids = choice.get("token_ids")  # servers that return ids beside the text (SGLang's return_token_ids)
+    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+        token_ids = list(ids)
+    else:
+        token_ids = [_token_id(t) for t in lp["tokens"]]
     logprobs = [_f32(float(x)) if x is not None else float("nan") for x in lp["token_logprobs"]]
     if len(logprobs) != len(token_ids):
         raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
     digests: list[str] = []
     top2: list[tuple[float, float]] = []
     for step in lp.get("top_logprobs") or []:
-        top = {_token_id(t): _f32(float(v)) for t, v in (step or {}).items()}
+        top = {_top_key(t): _f32(float(v)) for t, v in (step or {}).items()}
         values = sorted(top.values(), reverse=True)
         digests.append(topk_digest(top))
         top2.append((values[0] if values else float("nan"), values[1] if len(values) > 1 else float("nan")))
@@ -356,7 +375,7 @@ class OpenAIEngine:
         return {
             "model": self._info["served_model"], "prompt": list(r.prompt_token_ids), "max_tokens": s.max_tokens,
             "temperature": s.temperature, "seed": s.seed, "logprobs": self.logprobs,
-            "return_tokens_as_token_ids": True, "ignore_eos": True,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True,
         }
 
     async def _post(self, client: Any, url: str, body: dict[str, Any]) -> Any:

@@ -177,7 +177,7 @@ def test_parses_token_ids_logprobs_top2_and_digests(stub: Any, tmp_path: Path) -
         (0, 0, True, 1), (1, 1, False, 1), (2, 2, False, 1), (3, 3, False, 1)]
     body = stub.bodies[0]
     assert body == {"model": "stub-model", "prompt": [7, 8, 9], "max_tokens": 4, "temperature": 0.0, "seed": 0,
-                    "logprobs": 3, "return_tokens_as_token_ids": True, "ignore_eos": True}
+                    "logprobs": 3, "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True}
     info = engine.describe()
     assert (info["engine"], info["served_model"], info["server_version"]) == ("openai", "stub-model", "stub-1")
     assert "client-side" in info["evidence"]
@@ -423,3 +423,19 @@ def test_oracle_run_on_two_servers_with_only_a_tokenizer_on_disk(two_stubs: list
     engines = report.environment["engines"]
     assert engines["invariant"]["base_url"] == _url(inv) and engines["production"]["base_url"] == _url(prod)
     assert inv.bodies and prod.bodies
+
+
+def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
+    """A server that names tokens by text but returns `token_ids` (SGLang's return_token_ids)."""
+    from oracle.engines.openai_engine import parse_choice
+
+    choice = {"token_ids": [5, 9], "logprobs": {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
+                                                "top_logprobs": [{"he": -0.5, "ha": -1.0}, {"llo": -0.25, "y": -2.0}]}}
+    c = parse_choice(Request("a", (1,), GREEDY), choice, 1)
+    assert c.token_ids == [5, 9] and c.logprobs == [-0.5, -0.25]
+    assert c.top2 == [(-0.5, -1.0), (-0.25, -2.0)]
+    import numpy as np
+
+    moved = {"he": -0.5, "ha": float(np.nextafter(np.float32(-1.0), np.float32(0)))}
+    assert c.logits_digests is not None and c.logits_digests[0] != topk_digest(moved)
+    assert c.logits_digests[0] == topk_digest({"he": -0.5, "ha": -1.0})
