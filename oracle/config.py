@@ -77,6 +77,17 @@ class ModeURLs(_Strict):
     invariant: str = Field(description="URL of the server started in invariant mode (e.g. VLLM_BATCH_INVARIANT=1)")
     production: str = Field(description="URL of the server started with default kernels")
 
+    @field_validator("invariant", "production")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        return _http_url(v)
+
+
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"{v!r} is not an http:// or https:// URL")
+    return v
+
 
 class OpenAIOptions(_Strict):
     """engine.options of the openai engine (an OpenAI-compatible server: vLLM, SGLang, ...)."""
@@ -99,6 +110,14 @@ class OpenAIOptions(_Strict):
     max_retries: int = Field(4, ge=0, description="retries of a request after a transient error (5xx, connection reset)")
     retry_backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles per retry, at most 8 s")
     api_key: str | None = Field(None, description="bearer token sent to the server (or env OPENAI_API_KEY)")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _url(cls, v: Any) -> Any:
+        # Validate the per-mode form directly, so its errors name base_url.invariant / .production.
+        if isinstance(v, dict):
+            return ModeURLs.model_validate(v)
+        return _http_url(v) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _server(self) -> OpenAIOptions:

@@ -38,6 +38,8 @@ def test_every_shipped_config_keeps_its_options_valid(name: str) -> None:
      "engine.options: command must bind the server to {host}"),
     ("engine:\n  kind: openai\n  options:\n    base_url: {invariant: http://a}\n",
      "c.yaml:6: engine.options.base_url"),
+    ("engine:\n  kind: openai\n  options:\n    base_url:\n      invariant: http://a\n      production: localhost:8000\n",
+     "c.yaml:8: engine.options.base_url.production: 'localhost:8000' is not an http:// or https:// URL"),
 ])
 def test_bad_options_name_file_line_and_field(tmp_path: Path, engine: str, where: str) -> None:
     with pytest.raises(ConfigError) as info:

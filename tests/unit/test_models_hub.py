@@ -113,3 +113,18 @@ def test_oracle_run_on_a_hub_id_offline(hub: Path, tmp_path: Path) -> None:
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["environment"]["model_dir"].endswith(f"snapshots/{TAGGED}")
     assert {c["name"]: c["verdict"] for c in report["checks"]}["invariance"] in ("pass", "vacuous")
+
+
+@pytest.mark.slow
+def test_an_unreachable_hub_is_a_model_error_naming_the_id(tmp_path: Path) -> None:
+    """Online mode, the hub endpoint refusing connections, nothing cached: one line naming the id, exit 2."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_config("acme/unreachable")))
+    env = dict(os.environ, HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9",
+               HF_HUB_CACHE=str(tmp_path / "empty-hub"))
+    result = subprocess.run([sys.executable, "-m", "oracle", "run", str(cfg), "--report-dir", str(tmp_path / "r")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "model acme/unreachable: not in the hub cache" in result.stderr + result.stdout
+    assert "the hub cannot be reached" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr

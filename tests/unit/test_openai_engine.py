@@ -79,6 +79,7 @@ class Handler(BaseHTTPRequestHandler):
             s.max_in_flight = max(s.max_in_flight, s.in_flight)
             s.arrivals[body["prompt"][0]] = time.monotonic()
             s.bodies.append(body)
+            s.auth.append(self.headers.get("Authorization"))
             drop, s.drop_first = s.drop_first > 0, max(0, s.drop_first - 1)
             fail, s.fail_first = s.fail_first > 0, max(0, s.fail_first - 1)
         try:
@@ -105,7 +106,7 @@ class Stub(ThreadingHTTPServer):
         super().__init__((host, port), Handler)
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
-        self.arrivals, self.bodies = {}, []
+        self.arrivals, self.bodies, self.auth = {}, [], []
         self.delay_s, self.status = 0.2, 200
         self.fail_first = self.drop_first = 0   # answer 503 / drop the connection for the first N requests
         self.jitter_s, self.rng = 0.0, random.Random(0)
@@ -439,3 +440,12 @@ def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
     moved = {"he": -0.5, "ha": float(np.nextafter(np.float32(-1.0), np.float32(0)))}
     assert c.logits_digests is not None and c.logits_digests[0] != topk_digest(moved)
     assert c.logits_digests[0] == topk_digest({"he": -0.5, "ha": -1.0})
+
+
+def test_an_api_key_is_sent_as_a_bearer_token(stub: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub), api_key="k1").generate(_reqs(1))
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    monkeypatch.setenv("OPENAI_API_KEY", "k2")
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    assert stub.auth == ["Bearer k1", None, "Bearer k2"]
