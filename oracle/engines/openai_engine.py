@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ def _token_id(token: str) -> int:
     return int(num)
 
 
-def topk_digest(top: dict[int, float] | dict[str, float]) -> str:
+def topk_digest(top: Mapping[int, float] | Mapping[str, float] | Mapping[int | str, float]) -> str:
     """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id.
 
     A server that names top-k entries by token text (no ids) gets (utf-8 text, float32 bits) pairs
