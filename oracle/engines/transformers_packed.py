@@ -73,6 +73,9 @@ def packed_attention(
     if packing is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention called outside a packed pass")
     layer = int(module.layer_idx)  # type: ignore[arg-type]
+    window = kwargs.get("sliding_window")
+    if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
+        raise NotImplementedError(f"{ATTENTION_NAME}: attention with logit softcapping or sinks is not supported")
     groups = query.shape[1] // key.shape[1]
     outputs = []
     start = 0
@@ -84,6 +87,9 @@ def packed_attention(
             v_new = torch.cat((cache.values[layer], v_new), dim=1)
         cache.keys[layer], cache.values[layer] = k_new, v_new
         length = k_new.shape[1]
+        if window is not None and length > int(window):
+            raise NotImplementedError(f"{ATTENTION_NAME}: sequence of {length} tokens exceeds the model's "
+                                      f"sliding window ({window}); sliding-window attention is not supported")
         keys, values = _repeat_kv(k_new, groups), _repeat_kv(v_new, groups)  # [H, L, D]
         for j in range(n):
             # Query j sits at position length - n + j and attends over exactly its prefix: the same

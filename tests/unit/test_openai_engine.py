@@ -449,3 +449,17 @@ def test_an_api_key_is_sent_as_a_bearer_token(stub: Any, tmp_path: Path, monkeyp
     monkeypatch.setenv("OPENAI_API_KEY", "k2")
     OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
     assert stub.auth == ["Bearer k1", None, "Bearer k2"]
+
+
+def test_a_started_server_is_stopped_when_the_engine_fails_after_start(tmp_path: Path, needs_httpx: None) -> None:
+    """The server answers, then the engine refuses it (wrong served model): the server does not outlive that."""
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    pid_file = tmp_path / "pid"
+    command = ["{python}", "-c",
+               f"import os, runpy, sys; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "sys.argv = sys.argv[1:4]; runpy.run_path(sys.argv[0], run_name='__main__')",
+               str(script), "{port}", "{host}"]
+    with pytest.raises(ConfigError, match="served_model_name"):
+        OpenAIEngine(tmp_path, "production", command=command, served_model_name="another-model", startup_timeout_s=30)
+    assert not _alive(int(pid_file.read_text()))
