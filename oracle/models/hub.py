@@ -55,7 +55,8 @@ def fetch(repo_id: str, revision: str | None = None, *, weights: bool = True) ->
             RevisionNotFoundError,
         )
     except ImportError as e:
-        raise ModelError(f"model {at}: a hub id needs huggingface_hub (pip install huggingface_hub), "
+        raise ModelError(f"model {at}: a hub id needs huggingface_hub "
+                         f"(pip install 'oracle-determinism[hub]'), "
                          f"or give a checkpoint directory") from e
     cache = hub_cache_dir()
     where = f"the hub cache {cache}" if cache else "the default hub cache"
