@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -52,6 +53,102 @@ def _check_range(v: tuple[int, int], name: str) -> tuple[int, int]:
     return v
 
 
+class NativeOptions(_Strict):
+    """engine.options of the native engine."""
+
+    stop_at_eos: bool = Field(False, description="finish a request at the model's EOS token (off: exactly max_tokens)")
+
+
+class TransformersOptions(_Strict):
+    """engine.options of the transformers engine."""
+
+    attn_implementation: str = Field(
+        "eager", description="production mode's attention (eager, sdpa, ...); invariant mode runs its own packed one")
+
+
+class VllmOptions(_Strict):
+    """engine.options of the vllm engine (vLLM's offline engine in a worker process per mode)."""
+
+    invariance: Literal["oracle_kernels", "vllm", "none"] = Field(
+        "oracle_kernels", description="what invariant mode means: oracle_kernels, VLLM_BATCH_INVARIANT=1, or none")
+    logprobs: int = Field(5, ge=2, description="top-k logprobs per step when full rows are not asked for")
+    split_kv: bool | None = Field(None, description="VLLM_CPU_ATTN_SPLIT_KV (vLLM's default when absent)")
+    enforce_eager: bool = Field(True, description="no CUDA graphs")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM's max_model_len")
+    kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on the CPU")
+    seed: int = Field(0, description="vLLM's engine seed")
+    audit: bool = Field(True, description="record which kernels the invariant worker's products reached")
+    start_timeout_s: float = Field(300.0, gt=0, description="seconds a worker may take to start")
+    timeout_s: float = Field(600.0, gt=0, description="seconds one generate call may take")
+    log_level: str = Field("WARNING", description="vLLM's logging level in the worker")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="extra vllm.EngineArgs fields")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the worker")
+
+
+class ModeURLs(_Strict):
+    """One pre-started server per mode: the invariant-mode server and the production-mode server."""
+
+    invariant: str = Field(description="URL of the server started in invariant mode (e.g. VLLM_BATCH_INVARIANT=1)")
+    production: str = Field(description="URL of the server started with default kernels")
+
+    @field_validator("invariant", "production")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        return _http_url(v)
+
+
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError(f"{v!r} is not an http:// or https:// URL")
+    return v
+
+
+class OpenAIOptions(_Strict):
+    """engine.options of the openai engine (an OpenAI-compatible server: vLLM, SGLang, ...)."""
+
+    base_url: str | ModeURLs | None = Field(
+        None, description="pre-started servers {invariant: URL, production: URL}; one URL serves both modes "
+                          "(the mode comparison then compares a server with itself)")
+    command: list[str] | None = Field(
+        None, description="argv that starts a server per mode; {python} {model} {host} {port} substituted, "
+                          "{host} required (always 127.0.0.1)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the started server")
+    mode_env: dict[Literal["invariant", "production"], dict[str, str]] = Field(
+        default_factory=dict, description="extra environment per mode, e.g. {invariant: {VLLM_BATCH_INVARIANT: '1'}}")
+    served_model_name: str | None = Field(None, description="model name in requests (first of /v1/models when absent)")
+    concurrency: int = Field(32, ge=1, description="requests in flight at once")
+    arrival_step_s: float = Field(0.02, ge=0, description="seconds per schedule arrival step")
+    logprobs: int = Field(5, ge=2, description="top-k logprobs per step (>= 2 for the top-2 margin)")
+    request_timeout_s: float = Field(120, gt=0, description="seconds one request may take")
+    startup_timeout_s: float = Field(300, gt=0, description="seconds a started server may take to answer")
+    max_retries: int = Field(4, ge=0, description="retries of a request after a transient error (5xx, connection reset)")
+    retry_backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles per retry, at most 8 s")
+    api_key: str | None = Field(None, description="bearer token sent to the server (or env OPENAI_API_KEY)")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _url(cls, v: Any) -> Any:
+        # Validate the per-mode form directly, so its errors name base_url.invariant / .production.
+        if isinstance(v, dict):
+            return ModeURLs.model_validate(v)
+        return _http_url(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _server(self) -> OpenAIOptions:
+        if self.base_url is not None and self.command is not None:
+            raise ValueError("give base_url or command, not both")
+        if self.base_url is None and not self.command:
+            raise ValueError("give base_url (running servers) or command (to start one per mode)")
+        if self.command is not None and not any("{host}" in c for c in self.command):
+            raise ValueError("command must bind the server to {host} (oracle serves on 127.0.0.1 only)")
+        return self
+
+
+ENGINE_OPTIONS: dict[str, type[BaseModel]] = {
+    "native": NativeOptions, "transformers": TransformersOptions, "vllm": VllmOptions, "openai": OpenAIOptions,
+}
+
+
 class EngineConfig(_Strict):
     kind: str = Field("native", description="native | vllm | openai | transformers | package.module:Class")
     device: str = Field("cpu", description="torch device for in-process engines: cpu, cuda, cuda:1")
@@ -63,11 +160,34 @@ class EngineConfig(_Strict):
     block_size: int = Field(16, ge=1, le=4096, description="KV cache block size (tokens)")
     num_threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads during generation (native)")
     preload: list[str] = Field(default_factory=list, description="modules imported in the engine's process first")
-    options: dict[str, Any] = Field(default_factory=dict, description="passed as keyword arguments to a custom engine")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="per engine: see NativeOptions, TransformersOptions, VllmOptions, "
+                                          "OpenAIOptions; a custom engine's keyword arguments (free)")
     timeout_s: float | None = Field(
         600.0, gt=0, le=MAX_TIMEOUT_S,
         description="watchdog: seconds one engine call (generate, close) may take before the run stops with "
                     "exit 3; null: no limit")
+
+    _base_dir: str | None = PrivateAttr(None)
+
+    @field_validator("options")
+    @classmethod
+    def _typed_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Validate a built-in engine's options against its model; errors name engine.options.FIELD."""
+        model = ENGINE_OPTIONS.get(info.data.get("kind", "native"))
+        if model is None:
+            return v
+        return model.model_validate(v).model_dump(mode="json", exclude_unset=True)
+
+    @property
+    def base_dir(self) -> str | None:
+        """The config file's folder (set by Config), where custom engines are also imported from."""
+        return self._base_dir
+
+    def typed_options(self) -> BaseModel | None:
+        """The options as the built-in engine's model (defaults filled in); None for a custom engine."""
+        model = ENGINE_OPTIONS.get(self.kind)
+        return model.model_validate(self.options) if model is not None else None
 
 
 class RandomPrompts(_Strict):
@@ -212,7 +332,9 @@ class ChecksConfig(_Strict):
 
 
 class Config(_Strict):
-    model: str = Field(description="preset:NAME (made into a cache on first use) or a checkpoint directory")
+    model: str = Field(description="preset:NAME (made into a cache on first use), a checkpoint directory, "
+                                   "or a Hugging Face hub id org/name (fetched into the hub cache)")
+    model_revision: str | None = Field(None, description="hub ids: branch, tag or commit (default branch when absent)")
     model_seed: int = Field(0, ge=0, le=MAX_SEED, description="weights seed for preset models")
     engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
     prompts: PromptsConfig
@@ -230,6 +352,9 @@ class Config(_Strict):
         line = _line_of(self._text, loc) if self._text else None
         where = f"{self._source}:{line}" if line else self._source
         return ConfigError(f"{where}: {'.'.join(str(x) for x in loc)}: {message}")
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.engine._base_dir = self.base_dir  # custom engines import from the config's folder too
 
     def digest(self) -> str:
         """sha256 of the resolved config, canonical JSON (sorted keys)."""

@@ -8,7 +8,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from oracle.config import Config
+from oracle.config import ENGINE_OPTIONS, Config, EngineConfig
 
 
 def _type_name(t: Any) -> str:
@@ -47,12 +47,21 @@ def _models(model: type[BaseModel], seen: list[type[BaseModel]]) -> None:
 def render_reference() -> str:
     models: list[type[BaseModel]] = []
     _models(Config, models)
+    # Each built-in engine's options, right after EngineConfig (its `options` is a map in the schema).
+    options: list[type[BaseModel]] = []
+    for m in ENGINE_OPTIONS.values():
+        _models(m, options)
+    at = models.index(EngineConfig) + 1
+    models[at:at] = [m for m in options if m not in models]
+    kinds = {m: kind for kind, m in ENGINE_OPTIONS.items()}
     out = ["# Config reference", "",
            "Generated from `oracle/config.py` by `oracle config reference`; unknown fields are errors.", ""]
     for m in models:
         out += [f"## {m.__name__}", ""]
         if m.__doc__ and m is not Config:
             out += [m.__doc__.strip().splitlines()[0], ""]
+        if m in kinds:
+            out += [f"Validated before the run when `engine.kind: {kinds[m]}`; unknown options are errors.", ""]
         out += ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
         for name, f in m.model_fields.items():
             if f.is_required():

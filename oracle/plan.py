@@ -27,12 +27,10 @@ class Plan:
 
 
 def resolve_model(config: Config) -> Path:
-    """`preset:NAME` (made into the cache on first use) or a checkpoint directory; ModelError otherwise."""
-    from oracle.models import PRESET_PREFIX
-    from oracle.models import resolve_model as resolve
+    """`preset:NAME`, a checkpoint directory or a hub id, checked against the engine; ModelError otherwise."""
+    from oracle.models.resolve import resolve_for_run
 
-    spec = config.model if config.model.startswith(PRESET_PREFIX) else str(config.resolve_path(config.model))
-    return resolve(spec, seed=config.model_seed)
+    return resolve_for_run(config)
 
 
 def draw_seed(config: Config, seed: int | None) -> int:

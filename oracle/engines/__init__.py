@@ -1,8 +1,17 @@
-"""Engine adapters and the one function that builds them from the config."""
+"""Engine adapters and the one function that builds them from the config.
+
+A custom engine (`engine.kind: package.module:Class`) and the `engine.preload` modules import
+from the user's repository without PYTHONPATH: while they are imported, the working directory
+and the config file's folder come first on `sys.path`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from oracle.config import EngineConfig
@@ -10,31 +19,72 @@ from oracle.engines.base import Engine, Mode
 from oracle.errors import ConfigError, EngineError, OracleError
 
 BUILTIN = ("native", "vllm", "openai", "transformers")
+# Engines that run the model themselves and so need its weights; the others need config.json only.
+RUN_WEIGHTS = ("native", "vllm", "transformers")
 
 
 def check_engine_config(cfg: EngineConfig) -> None:
     """Fail fast, before any model is made: the kind exists and every import resolves."""
     for i, module in enumerate(cfg.preload):
-        _import(module, f"engine.preload.{i}")
+        _import(module, f"engine.preload.{i}", cfg)
     if ":" in cfg.kind:
         module, _, name = cfg.kind.partition(":")
-        if not callable(getattr(_import(module, "engine.kind"), name, None)):
+        if not callable(getattr(_import(module, "engine.kind", cfg), name, None)):
             raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
     elif cfg.kind not in BUILTIN:
         raise ConfigError(f"engine.kind: {cfg.kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")
 
 
-def _import(module: str, field: str) -> object:
+def needs_weights(cfg: EngineConfig) -> bool:
+    """Whether the engine reads the checkpoint's weights (openai and custom engines: config.json is enough)."""
+    return cfg.kind in RUN_WEIGHTS
+
+
+def check_model(cfg: EngineConfig, model_dir: Path) -> None:
+    """Before any run: the native engine supports the checkpoint's architecture (ModelError otherwise)."""
+    if cfg.kind == "native":
+        from oracle.models.architectures import native_architecture
+
+        native_architecture(model_dir)
+
+
+def import_dirs(cfg: EngineConfig) -> list[str]:
+    """Where a custom engine is looked for besides sys.path: the working directory, the config's folder."""
+    dirs = [os.getcwd()]
+    base = cfg.base_dir
+    if base is not None:
+        dirs.append(str(Path(base).resolve()))
+    return list(dict.fromkeys(dirs))
+
+
+@contextlib.contextmanager
+def _user_path(cfg: EngineConfig) -> Iterator[None]:
+    """The user's folders first on sys.path while importing; sys.path is restored afterwards."""
+    before = list(sys.path)
+    sys.path[:0] = [d for d in import_dirs(cfg) if d not in sys.path]
     try:
-        return importlib.import_module(module)
+        yield
+    finally:
+        sys.path[:] = before
+
+
+def _import(module: str, field: str, cfg: EngineConfig) -> object:
+    try:
+        with _user_path(cfg):
+            return importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"{field}: cannot import {module!r} ({e})") from e
+        where = ", ".join(import_dirs(cfg))
+        raise ConfigError(f"{field}: cannot import {module!r} ({e}); looked in {where} and sys.path") from e
+    except OracleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's module may raise anything while importing
+        raise ConfigError(f"{field}: importing {module!r} raised {type(e).__name__}: {e}") from e
 
 
 def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
     """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`."""
     for i, module in enumerate(cfg.preload):
-        _import(module, f"engine.preload.{i}")
+        _import(module, f"engine.preload.{i}", cfg)
     if cfg.kind == "native":
         from oracle.engines.native import NativeEngine
 
@@ -76,7 +126,7 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
             raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:
         module, _, name = cfg.kind.partition(":")
-        cls = getattr(_import(module, "engine.kind"), name, None)
+        cls = getattr(_import(module, "engine.kind", cfg), name, None)
         if cls is None or not callable(cls):
             raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
         try:

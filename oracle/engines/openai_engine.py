@@ -2,7 +2,8 @@
 
 Requests go out from one asyncio loop, at most `concurrency` in flight, each after its arrival
 delay, so the server batches them as it would batch real traffic. Prompts are token ids and the
-server is asked for token ids back (`return_tokens_as_token_ids`), so no tokenizer is involved.
+server is asked for token ids back (vLLM's `return_tokens_as_token_ids`, SGLang's
+`return_token_ids`), so no tokenizer is involved.
 
 What is compared: token ids; the float32 log-probability of each sampled token; `top2` holds the
 top-1 and top-2 logprobs of each step (their difference is the logit margin); and
@@ -14,11 +15,21 @@ Evidence is client-side: a server does not say which requests shared a forward p
 token's `StepEvidence.num_seqs` is the most requests that were in flight at once during that
 request's lifetime (itself included), and `num_tokens` is 0 (unknown).
 
-Config (`engine.kind: oracle.engines.openai_engine:OpenAIEngine`, keyword arguments in `engine.options`):
+No weights are read: the model directory needs only config.json (the vocabulary size, for random
+prompts and fillers) and a tokenizer where prompts are text.
 
-    base_url: a running server; or command: argv to start one on 127.0.0.1 ({python}, {model},
-        {host}, {port} are substituted), with env and mode_env[mode] added to the environment
-    served_model_name, concurrency, arrival_step_s, logprobs, request_timeout_s, startup_timeout_s
+Servers (`engine.options`, typed as `oracle.config.OpenAIOptions`):
+
+    base_url: {invariant: URL, production: URL}: a pre-started server per mode. A single URL is
+        accepted and serves both modes; the mode comparison then compares a server with itself,
+        and describe() carries a warning saying so.
+    command: argv that starts a server per mode on 127.0.0.1 ({python}, {model}, {host}, {port}
+        are substituted; {host} is required), with env and mode_env[mode] added to the
+        environment. The server is stopped on close(), on every error and at interpreter exit.
+
+Transient failures (HTTP 429/500/502/503/504, a connection reset or dropped) are retried up to
+`max_retries` times with exponential backoff (`retry_backoff_s`, doubling, at most 8 s) and counted
+in describe()["retries"]; what persists is an EngineError naming the URL.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +59,11 @@ EVIDENCE = ("client-side concurrency: num_seqs is the most requests in flight at
 _LOG_TAIL_LINES = 15
 _BODY_EXCERPT = 200
 _STOP_GRACE_S = 5.0
+TRANSIENT_STATUS = (429, 500, 502, 503, 504)
+_MAX_BACKOFF_S = 8.0
+SHARED_URL_WARNING = ("one base_url serves both modes: invariant and production runs hit the same server, "
+                      "so fidelity, drift and the negative control compare the server with itself; "
+                      "give base_url: {invariant: URL, production: URL}")
 
 
 def _option(name: str) -> str:
@@ -80,12 +96,26 @@ def _token_id(token: str) -> int:
     return int(num)
 
 
-def topk_digest(top: dict[int, float]) -> str:
-    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id."""
+def topk_digest(top: Mapping[int, float] | Mapping[str, float] | Mapping[int | str, float]) -> str:
+    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id.
+
+    A server that names top-k entries by token text (no ids) gets (utf-8 text, float32 bits) pairs
+    sorted by text: still a bitwise comparison of the same top-k.
+    """
     h = hashlib.sha256()
-    for tid in sorted(top):
-        h.update(struct.pack("<iI", tid, struct.unpack("<I", struct.pack("<f", top[tid]))[0]))
+    for key in sorted(top):  # type: ignore[type-var]
+        bits = struct.unpack("<I", struct.pack("<f", top[key]))[0]  # type: ignore[index]
+        if isinstance(key, int):
+            h.update(struct.pack("<iI", key, bits))
+        else:
+            data = str(key).encode()
+            h.update(struct.pack("<I", len(data)) + data + struct.pack("<I", bits))
     return h.hexdigest()
+
+
+def _top_key(token: str) -> int | str:
+    prefix, _, num = token.partition(":")
+    return int(num) if prefix == "token_id" and num.lstrip("-").isdigit() else token
 
 
 def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Completion:
@@ -93,14 +123,18 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
     lp = choice["logprobs"]
     if not isinstance(lp, dict):
         raise ValueError("no logprobs in the answer")
-    token_ids = [_token_id(t) for t in lp["tokens"]]
+    ids = choice.get("token_ids")  # servers that return ids beside the text (SGLang's return_token_ids)
+    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+        token_ids = list(ids)
+    else:
+        token_ids = [_token_id(t) for t in lp["tokens"]]
     logprobs = [_f32(float(x)) if x is not None else float("nan") for x in lp["token_logprobs"]]
     if len(logprobs) != len(token_ids):
         raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
     digests: list[str] = []
     top2: list[tuple[float, float]] = []
     for step in lp.get("top_logprobs") or []:
-        top = {_token_id(t): _f32(float(v)) for t, v in (step or {}).items()}
+        top = {_top_key(t): _f32(float(v)) for t, v in (step or {}).items()}
         values = sorted(top.values(), reverse=True)
         digests.append(topk_digest(top))
         top2.append((values[0] if values else float("nan"), values[1] if len(values) > 1 else float("nan")))
@@ -120,7 +154,7 @@ class OpenAIEngine:
         model: Path | str,
         mode: Mode,
         *,
-        base_url: str | None = None,
+        base_url: str | dict[str, str] | None = None,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         mode_env: dict[str, dict[str, str]] | None = None,
@@ -130,6 +164,9 @@ class OpenAIEngine:
         logprobs: int = 5,
         request_timeout_s: float = 120,
         startup_timeout_s: float = 300,
+        max_retries: int = 4,
+        retry_backoff_s: float = 0.5,
+        api_key: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"openai engine: mode {mode!r} is not one of {', '.join(MODES)}")
@@ -147,6 +184,23 @@ class OpenAIEngine:
             raise ConfigError(f"{_option('base_url')}: give base_url (a running server) or command (to start one)")
         if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
             raise ConfigError(f"{_option('command')}: must be a list of strings")
+        if command is not None and not any("{host}" in c for c in command):
+            raise ConfigError(f"{_option('command')}: must bind the server to {{host}} "
+                              f"(oracle starts servers on {HOST} only)")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"{_option('max_retries')}: must be an integer >= 0, got {max_retries!r}")
+        if not isinstance(retry_backoff_s, (int, float)) or retry_backoff_s < 0:
+            raise ConfigError(f"{_option('retry_backoff_s')}: must be a number >= 0, got {retry_backoff_s!r}")
+        self.warnings: list[str] = []
+        if isinstance(base_url, dict):
+            missing = [m for m in MODES if not isinstance(base_url.get(m), str)]
+            extra = [k for k in base_url if k not in MODES]
+            if missing or extra:
+                raise ConfigError(f"{_option('base_url')}: give a URL for each of {', '.join(MODES)}"
+                                  + (f" (not {extra[0]!r})" if extra else ""))
+            base_url = base_url[mode]
+        elif isinstance(base_url, str):
+            self.warnings.append(SHARED_URL_WARNING)
         mode_env = mode_env or {}
         unknown = [m for m in mode_env if m not in MODES]
         if unknown:
@@ -158,6 +212,11 @@ class OpenAIEngine:
         self.arrival_step_s = float(arrival_step_s)
         self.logprobs = logprobs
         self.request_timeout_s = float(request_timeout_s)
+        self.max_retries = max_retries
+        self.retry_backoff_s = float(retry_backoff_s)
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.retries: dict[str, int] = {}  # reason ("HTTP 503", "ReadError") -> retries made
         self.mode_env = {str(k): str(v) for k, v in mode_env.get(mode, {}).items()}
         self._server: _Server | None = None
         self.command: list[str] | None = None
@@ -196,12 +255,47 @@ class OpenAIEngine:
 
     def _get_json(self, path: str) -> Any:
         url = self.base_url + path
-        try:
-            r = self._httpx.get(url, timeout=min(self.request_timeout_s, 30.0))
-        except self._httpx.HTTPError as e:
-            raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}") from e
+        attempt = 0
+        while True:
+            try:
+                r = self._httpx.get(url, timeout=min(self.request_timeout_s, 30.0), headers=self._headers)
+            except self._httpx.HTTPError as e:
+                if self._retry(e, attempt):
+                    time.sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}{self._after(attempt)}") from e
+            if r.status_code in TRANSIENT_STATUS and self._retry(r.status_code, attempt):
+                time.sleep(self._backoff(attempt))
+                attempt += 1
+                continue
+            return self._answer(url, r, attempt)
+
+    def _retry(self, failure: BaseException | int, attempt: int) -> bool:
+        """Whether `failure` is transient and retries are left; counts the retry it allows."""
+        httpx = self._httpx
+        if isinstance(failure, int):
+            reason = f"HTTP {failure}"
+        elif isinstance(failure, httpx.TransportError) and not isinstance(
+                failure, (httpx.TimeoutException, httpx.ConnectError, httpx.UnsupportedProtocol)):
+            reason = type(failure).__name__  # ReadError, WriteError, RemoteProtocolError: a reset connection
+        else:
+            return False
+        if attempt >= self.max_retries:
+            return False
+        self.retries[reason] = self.retries.get(reason, 0) + 1
+        return True
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self.retry_backoff_s * 2**attempt, _MAX_BACKOFF_S))
+
+    @staticmethod
+    def _after(attempt: int) -> str:
+        return f" (after {attempt} retries)" if attempt else ""
+
+    def _answer(self, url: str, r: Any, attempt: int) -> Any:
         if r.status_code != 200:
-            raise EngineError(f"{url} answered HTTP {r.status_code}: {_one_line(r.text)}")
+            raise EngineError(f"{url} answered HTTP {r.status_code}{self._after(attempt)}: {_one_line(r.text)}")
         try:
             return r.json()
         except ValueError as e:
@@ -220,6 +314,9 @@ class OpenAIEngine:
             "logits": f"sha256 of the top-{self.logprobs} logprobs as sorted (token id, float32 bits) pairs",
             "concurrency": self.concurrency,
             "arrival_step_s": self.arrival_step_s,
+            "retries": dict(self.retries),
+            "retries_total": sum(self.retries.values()),
+            "warnings": list(self.warnings),
         }
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
@@ -278,24 +375,29 @@ class OpenAIEngine:
         return {
             "model": self._info["served_model"], "prompt": list(r.prompt_token_ids), "max_tokens": s.max_tokens,
             "temperature": s.temperature, "seed": s.seed, "logprobs": self.logprobs,
-            "return_tokens_as_token_ids": True, "ignore_eos": True,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True,
         }
 
     async def _post(self, client: Any, url: str, body: dict[str, Any]) -> Any:
         httpx = self._httpx
-        try:
-            r = await client.post(url, json=body)
-        except httpx.TimeoutException as e:
-            raise EngineError(f"{url}: no answer within {self.request_timeout_s:g} s "
-                              f"({_option('request_timeout_s')}): {type(e).__name__}") from e
-        except httpx.HTTPError as e:
-            raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}") from e
-        if r.status_code != 200:
-            raise EngineError(f"{url} answered HTTP {r.status_code}: {_one_line(r.text)}")
-        try:
-            return r.json()
-        except ValueError as e:
-            raise EngineError(f"{url} answered no JSON: {_one_line(r.text)}") from e
+        attempt = 0
+        while True:
+            try:
+                r = await client.post(url, json=body, headers=self._headers)
+            except httpx.TimeoutException as e:
+                raise EngineError(f"{url}: no answer within {self.request_timeout_s:g} s "
+                                  f"({_option('request_timeout_s')}): {type(e).__name__}") from e
+            except httpx.HTTPError as e:
+                if self._retry(e, attempt):
+                    await asyncio.sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}{self._after(attempt)}") from e
+            if r.status_code in TRANSIENT_STATUS and self._retry(r.status_code, attempt):
+                await asyncio.sleep(self._backoff(attempt))
+                attempt += 1
+                continue
+            return self._answer(url, r, attempt)
 
     def close(self) -> None:
         server, self._server = self._server, None

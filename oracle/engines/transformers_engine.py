@@ -1,12 +1,17 @@
-"""Hugging Face transformers as an engine: `generate` over left-padded batches.
+"""Hugging Face transformers as an engine: the model's own forward pass, in two batchings.
 
-Every request of a call runs in one padded batch (transformers has no continuous batching, so
-arrival steps and token budgets do not apply); the logits of each step are captured and
-compared like any engine's. Invariant mode runs `generate` inside
-`oracle_kernels.batch_invariant()` with eager attention (matmul + softmax, ops the kernels
-cover); whether left padding keeps a prompt's bits is exactly what the oracle then measures.
-Greedy decoding only: transformers samples from one global generator, so a seeded sample
-would depend on the batch by construction.
+Production mode is what a transformers user runs: `generate` over one left-padded batch of every
+request of the call (arrival steps and token budgets do not apply), with the configured attention
+implementation. Invariant mode cannot pad: left padding stretches every attention row to the
+longest prompt, which changes the softmax and the attention matmul of every shorter prompt. It
+runs the same model over packed passes instead (`oracle.engines.transformers_packed`): each step
+lays the new tokens of every running sequence end to end, attends per sequence over exactly that
+sequence's keys, and runs under `oracle_kernels.batch_invariant()`, so a row's bits do not depend
+on what shares the pass. Requests join at their arrival step, so a pass mixes prefills and
+decodes, and the evidence records every pass's sequences and tokens.
+
+Greedy decoding only: transformers samples from one global generator, so a seeded sample would
+depend on the batch by construction. `self.model` is the Hugging Face module itself.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +28,34 @@ import torch
 
 from oracle.engines.base import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
+from oracle.engines.transformers_packed import Packing, SequenceCache, packed
 from oracle.errors import ConfigError, EngineError
 
 
+@dataclass
+class _Running:
+    """A request in the packed loop: its tokens so far and its own key/value cache."""
+
+    index: int
+    request: Request
+    cache: SequenceCache = field(default_factory=SequenceCache)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)  # float32 logits rows [vocab]
+    evidence: list[StepEvidence] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.tokens)
+
+    @property
+    def is_finished(self) -> bool:
+        return len(self.tokens) >= self.request.sampling.max_tokens
+
+
 class TransformersEngine:
+    """Implements `oracle.engines.base.Engine` over a transformers `AutoModelForCausalLM`."""
+
     def __init__(self, model: Path, mode: Mode, *, device: str = "cpu", dtype: str = "float32",
                  attn_implementation: str = "eager", num_threads: int | None = None) -> None:
         try:
@@ -38,22 +68,31 @@ class TransformersEngine:
         self.device = torch.device(device)
         self.num_threads = num_threads
         self.version = transformers.__version__
+        self.attn_implementation = attn_implementation
+        if mode == "invariant":
+            from oracle.engines.transformers_packed import register
+
+            attn_implementation = register()
         try:
             loaded = transformers.AutoModelForCausalLM.from_pretrained(
                 str(model), dtype=DTYPES[dtype], attn_implementation=attn_implementation)
             self.model = loaded.to(self.device)  # type: ignore[arg-type]
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, KeyError) as e:
             raise EngineError(f"transformers could not load {model}: {e}") from e
         self.model.eval()
-        self.attn_implementation = attn_implementation
         self.pad_id = 0
 
     def describe(self) -> dict[str, Any]:
+        invariant = self.mode == "invariant"
         return {
             "engine": "transformers", "engine_version": self.version, "device": str(self.device),
-            "dtype": str(self.model.dtype).removeprefix("torch."), "attn_implementation": self.attn_implementation,
-            "invariance_mechanism": "oracle_kernels around generate (eager attention)"
-            if self.mode == "invariant" else "none (transformers defaults)",
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "attn_implementation": "oracle_packed (per-sequence eager attention)" if invariant
+            else self.attn_implementation,
+            "batching": "packed: each pass lays the running sequences' new tokens end to end, no padding"
+            if invariant else "generate over one left-padded batch per call",
+            "invariance_mechanism": "oracle_kernels, packed passes with per-sequence attention"
+            if invariant else "none (transformers defaults)",
         }
 
     def close(self) -> None:
@@ -72,8 +111,67 @@ class TransformersEngine:
             torch.set_num_threads(before)
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        """Greedy completions, one per request in order; `max_num_batched_tokens` is not used."""
         if any(r.sampling.temperature > 0 for r in requests):
             raise ConfigError("sampling.temperature: the transformers engine is greedy only (temperature 0)")
+        if not requests:
+            return []
+        if self.mode == "invariant":
+            return self._generate_packed(requests)
+        return self._generate_padded(requests)
+
+    def _generate_packed(self, requests: Sequence[Request]) -> list[Completion]:
+        waiting = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
+        running: list[_Running] = []
+        done: dict[int, _Running] = {}
+        step = 0
+        with self._context():
+            while waiting or running:
+                if not running and requests[waiting[0]].arrival_step > step:
+                    step = requests[waiting[0]].arrival_step  # nothing to run until the next arrival
+                while waiting and requests[waiting[0]].arrival_step <= step:
+                    i = waiting.pop(0)
+                    running.append(_Running(i, requests[i]))
+                self._packed_step(running, step)
+                for r in [r for r in running if r.is_finished]:
+                    running.remove(r)
+                    done[r.index] = r
+                step += 1
+        return [self._completion(done[i]) for i in range(len(requests))]
+
+    def _packed_step(self, running: list[_Running], step: int) -> None:
+        """One forward pass over every running sequence's new tokens: the whole prompt or the last token."""
+        ids: list[int] = []
+        positions: list[int] = []
+        num_new: list[int] = []
+        for r in running:
+            new = list(r.request.prompt_token_ids) if not r.tokens else r.tokens[-1:]
+            ids += new
+            positions += range(r.length - len(new), r.length)
+            num_new.append(len(new))
+        last = torch.tensor(num_new).cumsum(0) - 1  # [B] row of each sequence's last new token
+        with packed(Packing(tuple(r.cache for r in running), tuple(num_new))):
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),  # [1, T]
+                position_ids=torch.tensor([positions], device=self.device),  # [1, T]
+                use_cache=False, logits_to_keep=last.to(self.device),
+            )
+        logits = out.logits[0].to(torch.float32)  # [B, vocab]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = torch.argmax(logits, dim=-1).tolist()
+        for b, r in enumerate(running):
+            r.evidence.append(StepEvidence(step, len(running), len(ids), is_prefill=not r.tokens,
+                                           token_index=len(r.tokens)))
+            r.tokens.append(int(chosen[b]))
+            r.logprobs.append(float(logprobs[b, chosen[b]]))
+            r.rows.append(logits[b].cpu())
+
+    def _completion(self, r: _Running) -> Completion:
+        rows = torch.stack(r.rows) if r.rows else torch.zeros((0, 0))  # [steps, vocab]
+        return self._with_logits(Completion(r.request.request_id, r.tokens, r.logprobs, evidence=r.evidence),
+                                 rows, r.request)
+
+    def _generate_padded(self, requests: Sequence[Request]) -> list[Completion]:
         width = max(len(r.prompt_token_ids) for r in requests)
         # [B, width] left-padded prompts and their mask.
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -96,15 +194,19 @@ class TransformersEngine:
         for i, r in enumerate(requests):
             n = r.sampling.max_tokens
             tokens = out.sequences[i, width:width + n].tolist()
-            c = Completion(r.request_id, tokens, [float(logprobs[i, s, t]) for s, t in enumerate(tokens)], top2=[])
-            rows = logits[i, :n].cpu().numpy()
-            if r.sampling.logits == "full":
-                c.logits = list(rows)
-            elif r.sampling.logits == "digest":
-                c.logits_digests = [hashlib.sha256(row.tobytes()).hexdigest() for row in rows]
-            top = torch.topk(logits[i, :n], 2, dim=-1).values.tolist()
-            c.top2 = [(float(a), float(b)) for a, b in top]
+            c = Completion(r.request_id, tokens, [float(logprobs[i, s, t]) for s, t in enumerate(tokens)])
             c.evidence = [StepEvidence(s, len(requests), num_tokens if s == 0 else len(requests), s == 0,
                                        token_index=s) for s in range(n)]
-            completions.append(c)
+            completions.append(self._with_logits(c, logits[i, :n].cpu(), r))
         return completions
+
+    @staticmethod
+    def _with_logits(c: Completion, rows: torch.Tensor, r: Request) -> Completion:
+        """Attach the float32 logits rows [steps, vocab] (full or digests) and each step's top-2."""
+        array = rows.numpy()
+        if r.sampling.logits == "full":
+            c.logits = list(array)
+        elif r.sampling.logits == "digest":
+            c.logits_digests = [hashlib.sha256(row.tobytes()).hexdigest() for row in array]
+        c.top2 = [(float(a), float(b)) for a, b in torch.topk(rows, 2, dim=-1).values.tolist()] if len(rows) else []
+        return c

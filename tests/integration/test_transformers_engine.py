@@ -47,6 +47,63 @@ def test_invariant_mode_without_padding_is_bitwise_equal_to_solo(engines: dict[s
         assert out.max_batch == size
 
 
+@pytest.mark.parametrize("size", [2, 5, 9])
+def test_invariant_mode_is_bitwise_equal_to_solo_beside_longer_and_later_prompts(
+        engines: dict[str, TransformersEngine], size: int) -> None:
+    """Fillers of other lengths (a padded batch would stretch the target's attention rows) arriving at
+    other steps (passes mix prefills and decodes): the target's bits do not move."""
+    solo = engines["invariant"].generate([Request("t", TARGET, SAMPLING)])[0]
+    rng = random.Random(size)
+    reqs = [Request(f"f{i}", tuple(rng.randrange(500) for _ in range(rng.randint(1, 40))),
+                    SamplingParams(rng.randint(1, 8), logits="none"), arrival_step=rng.randint(0, 3))
+            for i in range(size - 1)]
+    reqs.insert(size // 2, Request("t", TARGET, SAMPLING, arrival_step=1))
+    out = engines["invariant"].generate(reqs)[size // 2]
+    assert first_divergence(solo, out) is None
+    assert out.token_ids == solo.token_ids and len(out.token_ids) == SAMPLING.max_tokens
+    assert out.max_batch > 1  # the evidence says the target shared passes
+    assert all(e.num_tokens >= e.num_seqs for e in out.evidence)
+
+
+def test_invariant_passes_mix_prefills_and_decodes_in_the_evidence(engines: dict[str, TransformersEngine]) -> None:
+    late = Request("late", TARGET[:5], SamplingParams(3, logits="none"), arrival_step=2)
+    early = Request("early", TARGET, SamplingParams(6, logits="none"))
+    a, b = engines["invariant"].generate([early, late])
+    assert [e.num_seqs for e in a.evidence] == [1, 1, 2, 2, 2, 1]
+    assert a.evidence[2].num_tokens == 1 + 5  # early's decode token beside late's whole prompt
+    assert b.evidence[0].is_prefill and not b.evidence[1].is_prefill
+    assert [e.engine_step for e in b.evidence] == [2, 3, 4]
+
+
+def test_invariant_prefill_equals_decode(engines: dict[str, TransformersEngine]) -> None:
+    """A generated token's logits row is bitwise the same when its prefix is prefilled again."""
+    ref = engines["invariant"].generate([Request("t", TARGET, SAMPLING)])[0]
+    again = engines["invariant"].generate([Request("p", TARGET + tuple(ref.token_ids[:3]), SAMPLING)])[0]
+    assert again.token_ids[0] == ref.token_ids[3]
+    assert again.logits is not None and ref.logits is not None
+    assert again.logits[0].tobytes() == ref.logits[3].tobytes()
+
+
+def test_describe_names_the_batching(engines: dict[str, TransformersEngine]) -> None:
+    assert "packed" in engines["invariant"].describe()["batching"]
+    assert "padded" in engines["production"].describe()["batching"]
+
+
+@pytest.mark.slow
+def test_shipped_config_passes_with_batched_evidence(tmp_path: Path, tiny_qwen3: Path) -> None:
+    from oracle.config import load_config
+    from oracle.runner import run
+
+    root = Path(__file__).parents[2]
+    config = load_config(root / "configs" / "transformers.yaml", {"schedule.trials": 8})
+    report = run(config, seed=5, report_dir=tmp_path)
+    verdicts = {c.name: c for c in report.checks}
+    assert report.complete
+    assert verdicts["invariance"].verdict == "pass"
+    assert verdicts["prefill_decode"].verdict == "pass"
+    assert report.exit_code() == 0
+
+
 def test_repeatable_with_padding(engines: dict[str, TransformersEngine]) -> None:
     reqs = _fillers(4, 30, seed=1) + [Request("t", TARGET, SAMPLING)]
     a = engines["production"].generate(reqs)[-1]

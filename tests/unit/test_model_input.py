@@ -91,7 +91,7 @@ def test_bad_config_json_values_are_model_errors(broken_model: Path) -> None:
         load_decoder(broken_model, torch.float32, torch.device("cpu"))
     del cfg["num_attention_heads"]
     (broken_model / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelError, match="num_attention_heads missing"):
+    with pytest.raises(ModelError, match="lacks num_attention_heads"):
         load_decoder(broken_model, torch.float32, torch.device("cpu"))
 
 

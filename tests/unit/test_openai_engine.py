@@ -25,6 +25,7 @@ from oracle.errors import ConfigError, EngineError
 
 STUB = r'''
 import json
+import random
 import sys
 import threading
 import time
@@ -78,33 +79,44 @@ class Handler(BaseHTTPRequestHandler):
             s.max_in_flight = max(s.max_in_flight, s.in_flight)
             s.arrivals[body["prompt"][0]] = time.monotonic()
             s.bodies.append(body)
-        try:
-            time.sleep(s.delay_s)
-            if s.status != 200:
-                self._send(s.status, {"error": "stub says no"})
-            else:
-                self._send(200, completion(body))
-        finally:
-            with s.lock:
-                s.in_flight -= 1
+            s.auth.append(self.headers.get("Authorization"))
+            drop, s.drop_first = s.drop_first > 0, max(0, s.drop_first - 1)
+            fail, s.fail_first = s.fail_first > 0, max(0, s.fail_first - 1)
+        time.sleep(s.delay_s + s.rng.uniform(0, s.jitter_s))
+        # No longer in flight before the answer leaves: a client that sends its next request on
+        # receiving this one must never see two in flight.
+        with s.lock:
+            s.in_flight -= 1
+        if drop:  # close the connection without an answer: the client sees it reset
+            self.close_connection = True
+            return
+        if fail:
+            self._send(503, {"error": "stub is busy"})
+        elif s.status != 200:
+            self._send(s.status, {"error": "stub says no"})
+        else:
+            self._send(200, completion(body))
 
 
 class Stub(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # listen backlog: 256 clients connecting at once are not reset
 
-    def __init__(self, port=0):
-        super().__init__(("127.0.0.1", port), Handler)
+    def __init__(self, port=0, host="127.0.0.1"):
+        super().__init__((host, port), Handler)
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
-        self.arrivals, self.bodies = {}, []
+        self.arrivals, self.bodies, self.auth = {}, [], []
         self.delay_s, self.status = 0.2, 200
+        self.fail_first = self.drop_first = 0   # answer 503 / drop the connection for the first N requests
+        self.jitter_s, self.rng = 0.0, random.Random(0)
 
     def handle_error(self, request, client_address):
         pass  # a client that timed out and left: nothing to report
 
 
 if __name__ == "__main__":
-    Stub(int(sys.argv[1])).serve_forever()
+    Stub(int(sys.argv[1]), *sys.argv[2:3]).serve_forever()
 '''
 
 
@@ -166,7 +178,7 @@ def test_parses_token_ids_logprobs_top2_and_digests(stub: Any, tmp_path: Path) -
         (0, 0, True, 1), (1, 1, False, 1), (2, 2, False, 1), (3, 3, False, 1)]
     body = stub.bodies[0]
     assert body == {"model": "stub-model", "prompt": [7, 8, 9], "max_tokens": 4, "temperature": 0.0, "seed": 0,
-                    "logprobs": 3, "return_tokens_as_token_ids": True, "ignore_eos": True}
+                    "logprobs": 3, "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True}
     info = engine.describe()
     assert (info["engine"], info["served_model"], info["server_version"]) == ("openai", "stub-model", "stub-1")
     assert "client-side" in info["evidence"]
@@ -231,8 +243,8 @@ def test_server_down_during_generate_is_an_engine_error(stub: Any, tmp_path: Pat
 
 def test_http_500_is_an_engine_error_naming_the_status(stub: Any, tmp_path: Path) -> None:
     stub.status = 500
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
-    with pytest.raises(EngineError, match=r"/v1/completions answered HTTP 500: .*stub says no") as e:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), max_retries=2, retry_backoff_s=0)
+    with pytest.raises(EngineError, match=r"/v1/completions answered HTTP 500 \(after 2 retries\): .*stub says no") as e:
         engine.generate(_reqs(3))
     assert "\n" not in str(e.value)
 
@@ -259,6 +271,9 @@ def test_a_per_call_token_budget_is_a_config_error(stub: Any, tmp_path: Path) ->
     ({"base_url": "http://127.0.0.1:1", "logprobs": 1}, "logprobs"),
     ({"base_url": "http://127.0.0.1:1", "concurrency": 0}, "concurrency"),
     ({"base_url": "http://127.0.0.1:1", "mode_env": {"fast": {}}}, "mode_env"),
+    ({"command": ["vllm", "serve", "--port", "{port}"]}, "command"),
+    ({"base_url": {"invariant": "http://127.0.0.1:1"}}, "base_url"),
+    ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "max_retries"),
 ])
 def test_bad_options_are_config_errors_naming_the_field(tmp_path: Path, kwargs: dict[str, Any],
                                                         field: str) -> None:
@@ -278,8 +293,8 @@ def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_
     marker = tmp_path / "mode_env_seen"
     command = ["{python}", "-c",
                "import os, runpy, sys; open(os.environ['MARKER'], 'w').write(os.environ['ORACLE_STUB_MODE']); "
-               "sys.argv = [sys.argv[1], sys.argv[2]]; runpy.run_path(sys.argv[0], run_name='__main__')",
-               str(script), "{port}"]
+               "sys.argv = sys.argv[1:4]; runpy.run_path(sys.argv[0], run_name='__main__')",
+               str(script), "{port}", "{host}"]
     engine = OpenAIEngine(tmp_path / "model", "invariant", command=command, env={"MARKER": str(marker)},
                           mode_env={"invariant": {"ORACLE_STUB_MODE": "inv"}}, startup_timeout_s=30)
     try:
@@ -297,7 +312,7 @@ def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_
 
 
 def test_a_server_that_dies_while_starting_is_an_engine_error_with_its_log(tmp_path: Path, needs_httpx: None) -> None:
-    command = ["{python}", "-c", "import sys; print('no model at {model}', flush=True); sys.exit(3)"]
+    command = ["{python}", "-c", "import sys; print('no model at {model}', flush=True); sys.exit(3)", "{host}"]
     with pytest.raises(EngineError, match=r"(?s)exited with code 3.*no model at .*mdl"):
         OpenAIEngine(tmp_path / "mdl", "production", command=command, startup_timeout_s=30)
 
@@ -305,9 +320,146 @@ def test_a_server_that_dies_while_starting_is_an_engine_error_with_its_log(tmp_p
 def test_a_server_that_never_answers_is_killed_after_the_startup_timeout(tmp_path: Path, needs_httpx: None) -> None:
     pid_file = tmp_path / "pid"
     command = ["{python}", "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-               "time.sleep(60)"]
+               "time.sleep(60)", "{host}"]
     start = time.monotonic()
     with pytest.raises(EngineError, match="not ready within 1 s"):
         OpenAIEngine(tmp_path, "production", command=command, startup_timeout_s=1)
     assert time.monotonic() - start < 10
+    assert not _alive(int(pid_file.read_text()))
+
+
+def _stubs(n: int) -> list[Any]:
+    servers = [_stub_module().Stub() for _ in range(n)]
+    for server in servers:
+        server.delay_s = 0.0
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    return servers
+
+
+@pytest.fixture
+def two_stubs(needs_httpx: None) -> Iterator[list[Any]]:
+    servers = _stubs(2)
+    yield servers
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_one_server_per_mode(two_stubs: list[Any], tmp_path: Path) -> None:
+    inv, prod = two_stubs
+    urls = {"invariant": _url(inv), "production": _url(prod)}
+    for mode, server in (("invariant", inv), ("production", prod)):
+        engine = OpenAIEngine(tmp_path, mode, base_url=urls)  # type: ignore[arg-type]
+        engine.generate(_reqs(2))
+        assert engine.base_url == _url(server)
+        assert engine.describe()["warnings"] == []
+    assert len(inv.bodies) == len(prod.bodies) == 2
+
+
+def test_one_url_for_both_modes_is_accepted_with_a_warning(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "invariant", base_url=_url(stub))
+    [warning] = engine.describe()["warnings"]
+    assert "both modes" in warning and "{invariant: URL, production: URL}" in warning
+
+
+@pytest.mark.parametrize("fault", ["fail_first", "drop_first"])
+def test_transient_failures_are_retried_and_counted(stub: Any, tmp_path: Path, fault: str) -> None:
+    """503s and dropped connections for the first 3 requests: retried, every answer right, 3 retries counted."""
+    stub.delay_s = 0.0
+    setattr(stub, fault, 3)
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=1, retry_backoff_s=0)
+    out = engine.generate(_reqs(4))
+    assert [c.token_ids[0] for c in out] == [(i + 1 + 30) % 1000 for i in range(4)]
+    info = engine.describe()
+    assert info["retries_total"] == 3
+    assert list(info["retries"]) == (["HTTP 503"] if fault == "fail_first" else ["RemoteProtocolError"])
+    assert len(stub.bodies) == 4 + 3
+
+
+def test_a_persistent_transient_failure_ends_after_max_retries(stub: Any, tmp_path: Path) -> None:
+    stub.delay_s = 0.0
+    stub.drop_first = 100
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=1, max_retries=2,
+                          retry_backoff_s=0)
+    with pytest.raises(EngineError, match=rf"{_url(stub)}/v1/completions: RemoteProtocolError.*after 2 retries"):
+        engine.generate(_reqs(1))
+    assert len(stub.bodies) == 3
+    assert engine.describe()["retries_total"] == 2
+
+
+def test_256_concurrent_requests_with_random_latency_none_lost(stub: Any, tmp_path: Path) -> None:
+    stub.delay_s, stub.jitter_s = 0.0, 0.05
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=256)
+    reqs = [Request(f"r{i}", (i, 7, 11), GREEDY) for i in range(256)]
+    out = engine.generate(reqs)
+    assert [c.request_id for c in out] == [r.request_id for r in reqs]
+    assert [c.token_ids for c in out] == [[(i + 18 + k) % 1000 for k in range(4)] for i in range(256)]
+    assert sorted(b["prompt"][0] for b in stub.bodies) == list(range(256))  # each answered once
+
+
+def test_oracle_run_on_two_servers_with_only_a_tokenizer_on_disk(two_stubs: list[Any], tmp_path: Path) -> None:
+    """config.json and tokenizer files, no weights: the openai engine runs text prompts against two servers."""
+    import yaml
+
+    from oracle.config import load_config
+    from oracle.models import make_model
+    from oracle.runner import run
+
+    model = make_model("tiny-qwen3", tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    inv, prod = two_stubs
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": "model",
+        "engine": {"kind": "openai", "options": {"base_url": {"invariant": _url(inv), "production": _url(prod)},
+                                                 "concurrency": 4}},
+        "prompts": {"texts": ["hello there", "a second prompt"]},
+        "sampling": {"max_tokens": 3, "logits": "digest"},
+        "schedule": {"trials": 3, "batch_size": [1, 3], "repeat_trials": 1, "shrink": False},
+        "checks": {"prefill_decode": "off", "prefix_cache": "off"},
+    }))
+    report = run(load_config(cfg), seed=1, report_dir=tmp_path / "report")
+    assert report.complete and report.error is None
+    assert {c.name: c.verdict for c in report.checks}["invariance"] in ("pass", "vacuous")
+    engines = report.environment["engines"]
+    assert engines["invariant"]["base_url"] == _url(inv) and engines["production"]["base_url"] == _url(prod)
+    assert inv.bodies and prod.bodies
+
+
+def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
+    """A server that names tokens by text but returns `token_ids` (SGLang's return_token_ids)."""
+    from oracle.engines.openai_engine import parse_choice
+
+    choice = {"token_ids": [5, 9], "logprobs": {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
+                                                "top_logprobs": [{"he": -0.5, "ha": -1.0}, {"llo": -0.25, "y": -2.0}]}}
+    c = parse_choice(Request("a", (1,), GREEDY), choice, 1)
+    assert c.token_ids == [5, 9] and c.logprobs == [-0.5, -0.25]
+    assert c.top2 == [(-0.5, -1.0), (-0.25, -2.0)]
+    import numpy as np
+
+    moved = {"he": -0.5, "ha": float(np.nextafter(np.float32(-1.0), np.float32(0)))}
+    assert c.logits_digests is not None and c.logits_digests[0] != topk_digest(moved)
+    assert c.logits_digests[0] == topk_digest({"he": -0.5, "ha": -1.0})
+
+
+def test_an_api_key_is_sent_as_a_bearer_token(stub: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub), api_key="k1").generate(_reqs(1))
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    monkeypatch.setenv("OPENAI_API_KEY", "k2")
+    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    assert stub.auth == ["Bearer k1", None, "Bearer k2"]
+
+
+def test_a_started_server_is_stopped_when_the_engine_fails_after_start(tmp_path: Path, needs_httpx: None) -> None:
+    """The server answers, then the engine refuses it (wrong served model): the server does not outlive that."""
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    pid_file = tmp_path / "pid"
+    command = ["{python}", "-c",
+               f"import os, runpy, sys; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "sys.argv = sys.argv[1:4]; runpy.run_path(sys.argv[0], run_name='__main__')",
+               str(script), "{port}", "{host}"]
+    with pytest.raises(ConfigError, match="served_model_name"):
+        OpenAIEngine(tmp_path, "production", command=command, served_model_name="another-model", startup_timeout_s=30)
     assert not _alive(int(pid_file.read_text()))

@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from oracle.engines.native.model import Decoder, ModelConfig
 from oracle.errors import ModelError
+from oracle.models.architectures import native_architecture, read_config_json, rope_theta
 from oracle.models.safetensors_file import FLOAT_DTYPES, read_header
 
-_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def read_model_config(model_dir: Path) -> ModelConfig:
     """Parse `model_dir/config.json`; raises ModelError naming the file when it is missing or unsupported."""
+    arch = native_architecture(model_dir)
+    raw = read_config_json(model_dir)
     path = model_dir / "config.json"
-    if not path.is_file():
-        raise ModelError(f"{path}: no config.json; make a model with `oracle model make PRESET DIR`")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise ModelError(f"{path}: not a JSON object")
-    archs = raw.get("architectures") or []
-    arch = next((_ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in _ARCHITECTURES), None)
-    if arch is None:
-        raise ModelError(f"{path}: architectures {archs} not supported by the native engine "
-                         f"(supported: {', '.join(_ARCHITECTURES)})")
 
     def positive(key: str, default: int | None = None) -> int:
         value = raw.get(key, default)
@@ -59,10 +47,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         num_kv_heads=positive("num_key_value_heads", heads),
         head_dim=positive("head_dim", None) if raw.get("head_dim") else max(1, hidden // heads),
         rms_norm_eps=number("rms_norm_eps", 1e-6),
-        rope_theta=number("rope_theta", 10000.0),
+        rope_theta=rope_theta(raw),
         max_position_embeddings=positive("max_position_embeddings", 4096),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", False)),
+        attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
         eos_token_id=eos if isinstance(eos, int) else (eos[0] if isinstance(eos, list) and eos else None),
     )
 
@@ -130,6 +118,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         })
         if c.architecture == "qwen3":
             shapes.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
+        if c.architecture == "qwen2":  # Qwen2 always has q, k, v biases
+            shapes.update({p + f"self_attn.{x}_proj.bias": (n,) for x, n in (("q", q), ("k", kv), ("v", kv))})
     return shapes
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 class ModelConfig:
     """The fields of an HF `config.json` that the decoder needs."""
 
-    architecture: str  # "qwen3" | "llama"
+    architecture: str  # "qwen3" | "qwen2" | "llama" | "mistral" (oracle.models.architectures)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -161,7 +161,8 @@ class Decoder:
                             scale, inputs.num_kv_splits,
                         )  # [T, Hq, D]
                     with scope(p + "self_attn.o_proj"):
-                        o = F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"])
+                        o = F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"],
+                                     w.get(p + "self_attn.o_proj.bias"))
                 h = h + o
                 with scope(p + "post_attention_layernorm"):
                     x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])

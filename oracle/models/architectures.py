@@ -1,0 +1,98 @@
+"""Which checkpoints the native engine runs, decided from config.json alone (no torch, no weights).
+
+The native decoder is one layout: RMS norm, rotary embeddings (rotate-half, no scaling), grouped
+query attention, a SiLU-gated MLP. Four Hugging Face architectures are that layout:
+
+| architecture | differences |
+| --- | --- |
+| `Qwen3ForCausalLM` | RMS norm on each head's queries and keys (qk-norm) |
+| `Qwen2ForCausalLM` | biases on the q, k and v projections; no qk-norm |
+| `LlamaForCausalLM` | optional `attention_bias` |
+| `MistralForCausalLM` | Llama's layout; sliding window off (`sliding_window: null`) |
+
+Anything else (or these with rope scaling, a sliding window, another activation) is refused
+before a run starts, with a pointer to the engines that run any transformers model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from oracle.errors import ModelError
+
+NATIVE_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen2ForCausalLM": "qwen2",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+}
+OTHER_ENGINES = "use engine.kind: transformers (any transformers model) or vllm / openai (a vLLM or SGLang server)"
+
+
+def read_config_json(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelError(f"{path}: no config.json; make a model with `oracle model make PRESET DIR`")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: not a JSON object")
+    return raw
+
+
+def rope_theta(raw: dict[str, Any]) -> float:
+    """`rope_theta` (transformers 4 form) or `rope_parameters.rope_theta` (transformers 5 form)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(raw.get("rope_theta", 10000.0))
+
+
+def _rope_type(raw: dict[str, Any]) -> str:
+    for key in ("rope_scaling", "rope_parameters"):
+        value = raw.get(key)
+        if isinstance(value, dict):
+            kind = value.get("rope_type") or value.get("type") or "default"
+            if kind != "default":
+                return str(kind)
+    return "default"
+
+
+def native_layout_problem(raw: dict[str, Any]) -> str | None:
+    """Why the native decoder cannot run this config.json, or None when it can."""
+    archs = raw.get("architectures") or []
+    arch = next((NATIVE_ARCHITECTURES[a] for a in archs if a in NATIVE_ARCHITECTURES), None)
+    if arch is None:
+        return f"architectures {archs} are not supported by the native engine (supported: {', '.join(NATIVE_ARCHITECTURES)})"
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in raw]
+    if missing:
+        return f"{archs[0]} config lacks {', '.join(missing)}"
+    if _rope_type(raw) != "default":
+        return f"rope scaling {_rope_type(raw)!r} is not supported by the native engine (plain rotary only)"
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return f"hidden_act {act!r} is not supported by the native engine (silu only)"
+    window = raw.get("sliding_window")
+    sliding = raw.get("use_sliding_window", arch == "mistral")
+    limit = int(raw.get("max_position_embeddings", 0) or 0)
+    if sliding and window is not None and int(window) < limit:
+        return (f"a sliding window of {window} tokens is not supported by the native engine "
+                f"(set sliding_window: null or use_sliding_window: false)")
+    if raw.get("mlp_bias"):
+        return "mlp_bias is not supported by the native engine"
+    return None
+
+
+def native_architecture(model_dir: Path) -> str:
+    """The native layout name ("qwen3", "qwen2", "llama", "mistral"); ModelError naming the file otherwise."""
+    raw = read_config_json(model_dir)
+    problem = native_layout_problem(raw)
+    if problem is not None:
+        raise ModelError(f"{model_dir / 'config.json'}: {problem}; {OTHER_ENGINES}")
+    archs = raw.get("architectures") or []
+    return next(NATIVE_ARCHITECTURES[a] for a in archs if a in NATIVE_ARCHITECTURES)
