@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import random
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -22,15 +21,9 @@ from typing import Any
 from oracle import __version__, signals
 from oracle.config import Config
 from oracle.errors import ConfigError
+from oracle.plan import draw_seed
 from oracle.render.files import report_dir_problem, report_is, stamp_of, write_report, write_started
 from oracle.report import Report
-
-
-def resolve_seed(config: Config, seed: int | None) -> int:
-    """The command line's seed, else the config's, else a random one (printed with the run)."""
-    if seed is not None:
-        return seed
-    return config.schedule.seed if config.schedule.seed is not None else random.SystemRandom().randrange(2**32)
 
 
 def light_environment() -> dict[str, Any]:
@@ -54,7 +47,7 @@ class RunGuard:
         if problem is not None:
             raise ConfigError(f"{blame}: {problem}") if blame else config.error(("report_dir",), problem)
         self.report_dir = report_dir
-        self.seed = resolve_seed(config, seed)
+        self.seed = draw_seed(config, seed)
         self.report = Report(oracle_version=__version__, seed=self.seed, config=config.model_dump(mode="json"),
                              config_digest=config.digest(), environment=light_environment())
         self.stamp: tuple[int, int] | None = None
