@@ -33,6 +33,13 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _err(line: str) -> None:
+    """One line on stderr; user strings in it (paths, engine errors) never reach the terminal as escapes."""
+    from oracle.render.escape import terminal_text
+
+    print(terminal_text(line, newlines=True), file=sys.stderr)
+
+
 def _parser() -> argparse.ArgumentParser:
     from oracle import __version__
 
@@ -101,9 +108,9 @@ def _run(args: argparse.Namespace) -> int:
     print_summary(console, report, str(report_dir / "report.json"))
     for mode, described in report.environment.get("engines", {}).items():
         if isinstance(described, dict) and described.get("close_error"):
-            print(f"oracle: warning: {mode} engine: {described['close_error']}", file=sys.stderr)
+            _err(f"oracle: warning: {mode} engine: {described['close_error']}")
     if report.error:
-        print(f"oracle: error: {report.error} (partial report in {report_dir})", file=sys.stderr)
+        _err(f"oracle: error: {report.error} (partial report in {report_dir})")
     return report.exit_code()
 
 
@@ -205,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return HANDLERS[args.command](args)
         except OracleError as e:
-            print(f"oracle: error: {e}", file=sys.stderr)
+            _err(f"oracle: error: {e}")
             return e.exit_code
         except KeyboardInterrupt as e:
             print(f"oracle: {signals.describe(e)}; stopped (a partial report is written for a run)", file=sys.stderr)
@@ -214,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oracle: error: sys.exit({e.code!r}) was called during the run", file=sys.stderr)
             return 3
         except OSError as e:
-            print(f"oracle: error: {e}", file=sys.stderr)
+            _err(f"oracle: error: {e}")
             return 3
 
 
