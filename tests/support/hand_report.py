@@ -82,3 +82,10 @@ def hand_report(*, error: str | None = None, with_extras: bool = True) -> Report
     if with_extras:
         kwargs["coverage"] = COVERAGE
     return Report(**kwargs)
+
+
+def check_with(c: CheckResult, **changes: Any) -> CheckResult:
+    """A copy of `c` with some fields changed (built anew, whatever kind of model CheckResult is)."""
+    fields: dict[str, Any] = {"name": c.name, "requirement": c.requirement, "verdict": c.verdict, "trials": c.trials,
+                              "divergent": c.divergent, "evidence": c.evidence, "message": c.message}
+    return CheckResult(**{**fields, **changes})

@@ -17,7 +17,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 from conftest import write_fake_checkpoint
-from hand_report import HOSTILE, hand_report
+from hand_report import HOSTILE, check_with, hand_report
 from rich.console import Console
 
 from oracle.config import parse_config
@@ -44,7 +44,7 @@ def _passing_with_warnings() -> Report:
     """Required checks pass; prefill_decode (warn) fails; drift (report) found divergences."""
     r = hand_report()
     r.checks = [c if c.name not in ("invariance", "golden") else
-                replace(c, verdict="pass", divergent=0, message="fine") for c in r.checks]
+                check_with(c, verdict="pass", divergent=0, message="fine") for c in r.checks]
     r.divergences = [d for d in r.divergences if d.check not in ("invariance",)]
     return r
 
@@ -103,9 +103,9 @@ def test_junit_engine_error_is_an_error_and_well_formed() -> None:
 def _variants() -> list[Report]:
     failing, passing, broken = hand_report(), _passing_with_warnings(), hand_report(error="engine died")
     vacuous = _passing_with_warnings()  # a required check vacuous with nothing to blame: exit 1
-    vacuous.checks = [replace(c, verdict="vacuous") if c.name == "repeatability" else c for c in vacuous.checks]
+    vacuous.checks = [check_with(c, verdict="vacuous") if c.name == "repeatability" else c for c in vacuous.checks]
     warn_error = _passing_with_warnings()  # a warn-level check in error: exit 0
-    warn_error.checks = [replace(c, verdict="error") if c.name == "prefill_decode" else c for c in warn_error.checks]
+    warn_error.checks = [check_with(c, verdict="error") if c.name == "prefill_decode" else c for c in warn_error.checks]
     return [failing, passing, broken, vacuous, warn_error]
 
 
@@ -146,7 +146,7 @@ def test_report_only_divergences_show_reported_and_warnings_in_the_headline() ->
 
 def test_a_clean_run_just_passes() -> None:
     r = _passing_with_warnings()
-    r.checks = [replace(c, verdict="pass", divergent=0) for c in r.checks]
+    r.checks = [check_with(c, verdict="pass", divergent=0) for c in r.checks]
     r.divergences = []
     assert render_markdown(r).startswith("## oracle: passed (exit 0)")
 
