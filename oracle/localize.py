@@ -444,7 +444,7 @@ def _capture_native(engine: NativeEngine, run: RunSpec) -> Captured:
     return Captured(tuple(capture.calls), tuple(capture.passes), out[run.target_index])
 
 
-def _hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
+def hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
     """The target's tokens in a Hugging Face forward over `[B, S]` inputs (left padding allowed).
 
     Positions come from `position_ids` when given, else from the attention mask's running count.
@@ -481,7 +481,7 @@ def _hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> 
 def _capture_transformers(engine: Any, run: RunSpec) -> Captured:
     """Hooks on `engine.model`: every submodule's qualified name is the scope; the top forward is a pass.
 
-    Where the target's tokens sit in a forward comes from `_hf_layout` (`input_ids` [B, S], row
+    Where the target's tokens sit in a forward comes from `hf_layout` (`input_ids` [B, S], row
     `target_index`), or from `engine.localize_layout(forward_pass, forward_kwargs, target_index)
     -> PassLayout | None` when the engine defines one.
     """
@@ -493,7 +493,7 @@ def _capture_transformers(engine: Any, run: RunSpec) -> Captured:
     handles: list[Any] = []
 
     # An engine that lays its rows out otherwise (packed, one row per request) says where the target is.
-    layout_of = getattr(engine, "localize_layout", None) or _hf_layout
+    layout_of = getattr(engine, "localize_layout", None) or hf_layout
 
     def begin(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         layout = layout_of(next(counter), {**kwargs, **({"input_ids": args[0]} if args else {})},

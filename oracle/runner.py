@@ -45,16 +45,24 @@ class OpLocalizer:
 
     def can_localize(self, engine: Engine) -> bool:
         from oracle.localize import can_localize
+        from oracle.watchdog import GuardedEngine
 
-        return can_localize(engine)
+        return can_localize(engine.engine if isinstance(engine, GuardedEngine) else engine)
 
     def localize(self, engine: Engine, expected: Spec, actual: Spec) -> Any:
         from oracle.localize import RunSpec, localize_runs
+        from oracle.watchdog import GuardedEngine
 
         def spec(s: Spec) -> RunSpec:
             return RunSpec(s.requests, s.target_index, s.budget, s.warm_with)
 
-        return localize_runs(engine, spec(expected), spec(actual))
+        def capture(inner: Any) -> Any:
+            return localize_runs(inner, spec(expected), spec(actual))
+
+        # Both captured runs (and the warm-up of a warm one) on the watchdog's thread, under its limit.
+        if isinstance(engine, GuardedEngine):
+            return engine.guarded(capture, "localize", calls=3)
+        return capture(engine)
 
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,

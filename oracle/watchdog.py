@@ -125,6 +125,12 @@ class GuardedEngine:
         self._described = described
         return described
 
+    def guarded(self, fn: Callable[[Any], T], what: str, calls: int = 1) -> T:
+        """`fn(inner engine)` on the watchdog's thread, allowed `calls` times the per-call limit: for work
+        that must drive the engine itself in one thread (per-op capture installs thread-local modes)."""
+        timeout = None if self.timeout_s is None else self.timeout_s * calls
+        return call(lambda: fn(self.engine), timeout, what, self._worker)
+
     def _cleanup_timeout(self) -> float | None:
         """After an abandoned call (a hang, a signal) the run is stopping: do not wait long for the rest."""
         if self._worker.abandoned:

@@ -81,6 +81,8 @@ class TransformersEngine:
             raise EngineError(f"transformers could not load {model}: {e}") from e
         self.model.eval()
         self.pad_id = 0
+        # The packed pass in flight: (request index, first row, new tokens, first position) per sequence.
+        self._pass_rows: tuple[tuple[int, int, int, int], ...] = ()
 
     def describe(self) -> dict[str, Any]:
         invariant = self.mode == "invariant"
@@ -150,21 +152,55 @@ class TransformersEngine:
             positions += range(r.length - len(new), r.length)
             num_new.append(len(new))
         last = torch.tensor(num_new).cumsum(0) - 1  # [B] row of each sequence's last new token
-        with packed(Packing(tuple(r.cache for r in running), tuple(num_new))):
-            out = self.model(
-                input_ids=torch.tensor([ids], device=self.device),  # [1, T]
-                position_ids=torch.tensor([positions], device=self.device),  # [1, T]
-                use_cache=False, logits_to_keep=last.to(self.device),
-            )
+        starts = [int(x) - n + 1 for x, n in zip(last.tolist(), num_new, strict=True)]
+        self._pass_rows = tuple((r.index, s, n, r.length - n) for r, s, n in zip(running, starts, num_new, strict=True))
+        try:
+            with packed(Packing(tuple(r.cache for r in running), tuple(num_new))):
+                out = self.model(
+                    input_ids=torch.tensor([ids], device=self.device),  # [1, T]
+                    position_ids=torch.tensor([positions], device=self.device),  # [1, T]
+                    use_cache=False, logits_to_keep=last.to(self.device),
+                )
+        finally:
+            self._pass_rows = ()
         logits = out.logits[0].to(torch.float32)  # [B, vocab]
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = torch.argmax(logits, dim=-1).tolist()
+        prefill_tokens = sum(n for r, n in zip(running, num_new, strict=True) if not r.tokens)
+        kv_lens = [r.length for r in running]
         for b, r in enumerate(running):
-            r.evidence.append(StepEvidence(step, len(running), len(ids), is_prefill=not r.tokens,
-                                           token_index=len(r.tokens)))
+            r.evidence.append(StepEvidence(
+                step, len(running), len(ids), is_prefill=not r.tokens, token_index=len(r.tokens), seq_position=b,
+                num_prefill_tokens=prefill_tokens, num_decode_tokens=len(ids) - prefill_tokens,
+                max_query_len=max(num_new), kv_len=kv_lens[b], max_kv_len=max(kv_lens), has_chunked=False,
+                has_cache_hit=False))
             r.tokens.append(int(chosen[b]))
             r.logprobs.append(float(logprobs[b, chosen[b]]))
             r.rows.append(logits[b].cpu())
+
+    def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> Any:
+        """Where the target's tokens sit in this forward (oracle.localize): packed rows, else padded ones."""
+        from oracle.localize import Grid, PassLayout, hf_layout
+
+        if not self._pass_rows:
+            return hf_layout(forward_pass, kwargs, target_index)
+        seqs = self._pass_rows
+        slot = next((b for b, row in enumerate(seqs) if row[0] == target_index), None)
+        if slot is None:
+            return None  # the target is not in this pass
+        _, start, n, first = seqs[slot]
+        total = sum(row[2] for row in seqs)
+        positions = tuple(range(first, first + n))
+        grids = (
+            Grid((1, total), tuple((0, start + k) for k in range(n)), positions),  # [1, T, ...] activations
+            Grid((total,), tuple((start + k,) for k in range(n)), positions),  # flattened around matmuls
+            Grid((1, len(seqs)), ((0, slot),), positions[-1:]),  # [1, B, vocab]: each sequence's last row
+        )
+        prefill = sum(row[2] for row in seqs if row[2] > 1 or row[3] == 0)
+        evidence = {"num_seqs": len(seqs), "num_tokens": total, "seq_position": slot,
+                    "num_prefill_tokens": prefill, "num_decode_tokens": total - prefill,
+                    "target_is_prefill": first == 0, "target_num_tokens": n}
+        return PassLayout(forward_pass, forward_pass, grids, evidence)
 
     def _completion(self, r: _Running) -> Completion:
         rows = torch.stack(r.rows) if r.rows else torch.zeros((0, 0))  # [steps, vocab]
