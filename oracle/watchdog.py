@@ -30,7 +30,8 @@ def _as_engine_error(what: str, e: BaseException) -> OracleError:
         return e
     if isinstance(e, SystemExit):
         return EngineError(f"engine called sys.exit({e.code!r}) in {what}")
-    return EngineError(f"engine raised {type(e).__name__} in {what}: {e}")
+    where = "" if what == "generate" else f" in {what}"  # generate's wording is the runner's own
+    return EngineError(f"engine raised {type(e).__name__}{where}: {e}")
 
 
 class Worker:

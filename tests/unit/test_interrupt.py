@@ -45,7 +45,19 @@ def _wait_for(proc: subprocess.Popen[str], needle: str) -> None:
     for line in proc.stdout:
         if needle in line:
             return
+    proc.kill()
     raise AssertionError(f"the run ended before printing {needle!r}: {proc.communicate()[1]}")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """Wait for the run to end (killing it if it does not) and return its stderr."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("the run did not end") from None
+    return err
 
 
 def _formats(report_dir: Path) -> dict[str, str]:
@@ -66,7 +78,7 @@ def test_signal_mid_run_writes_partial_report(fake_model: Path, tmp_path: Path, 
     proc = _start(tmp_path, fake_model)
     _wait_for(proc, "fake engine: invariant call 20")  # solo runs done, trials under way
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    err = _finish(proc)
     assert proc.returncode == code, err
     assert f"interrupted ({name})" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -83,7 +95,7 @@ def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp
     proc = _start(tmp_path, fake_model)
     _wait_for(proc, "oracle: writing the report to")  # the first line the run prints
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    err = _finish(proc)
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -97,7 +109,7 @@ def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Pa
     """os._exit ends the process at once: the folder holds this run's "started" report, not the old pass."""
     _stale_pass(tmp_path / "report")
     proc = _start(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
-    proc.communicate(timeout=60)
+    _finish(proc)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["complete"] is False and report["exit_code"] == 3
     assert "did not finish" in report["error"]
@@ -108,7 +120,7 @@ def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Pa
 def test_hanging_engine_hits_the_watchdog(fake_model: Path, tmp_path: Path) -> None:
     """A generate() that never returns: engine.timeout_s stops the run with exit 3 and a partial report."""
     proc = _start(tmp_path, fake_model, timeout_s=0.5, fault_after_calls=5, fault="hang")
-    _, err = proc.communicate(timeout=120)
+    err = _finish(proc)
     assert proc.returncode == 3, err
     assert "engine.timeout_s" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
