@@ -83,7 +83,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     build = engine_builder(plan)
     localizer = OpLocalizer()
     try:
-        for mode in ("invariant", "production"):
+        for mode in modes_needed(config):
             execution = ModeExecution(plan, mode, observer, build, localizer)
             try:
                 execution.run()
@@ -113,6 +113,19 @@ def write_report(report: Report, out_dir: Path, views: Sequence[View] = ()) -> P
         for view in views:
             view(report, out_dir)
         return report.write(out_dir)
+
+
+def modes_needed(config: Config) -> list[Mode]:
+    """The modes the enabled checks read (repeatability reads both), in the order they run."""
+    c = config.checks
+    on = {name for name in ("invariance", "repeatability", "fidelity", "drift", "negative_control",
+                            "prefill_decode", "prefix_cache", "golden") if getattr(c, name).requirement != "off"}
+    modes: list[Mode] = []
+    if on & {"invariance", "repeatability", "fidelity", "prefill_decode", "prefix_cache", "golden"}:
+        modes.append("invariant")
+    if on & {"repeatability", "fidelity", "drift", "negative_control"}:
+        modes.append("production")
+    return modes
 
 
 def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:

@@ -175,3 +175,12 @@ def test_drift_gate_fails_past_its_threshold(fake_model: Path, tmp_path: Path) -
 def test_prefix_cache_is_vacuous_for_an_engine_without_one(fake_model: Path, tmp_path: Path) -> None:
     report = run(parse_config(_config(fake_model, tmp_path)))
     assert report.check("prefix_cache").verdict == "vacuous"  # type: ignore[union-attr]
+
+
+def test_only_the_modes_the_checks_read_are_run(fake_model: Path, tmp_path: Path) -> None:
+    cfg = _config(fake_model, tmp_path)
+    cfg["checks"] = {"invariance": "required", "repeatability": "off", "fidelity": "off", "drift": "off",
+                     "negative_control": "off", "prefill_decode": "off", "prefix_cache": "off"}
+    report = run(parse_config(cfg))
+    assert list(report.environment["engines"]) == ["invariant"] and "production_s" not in report.timings
+    assert [c.name for c in report.checks] == ["invariance"] and report.exit_code() == 0
