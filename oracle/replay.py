@@ -44,7 +44,6 @@ def report_config(report: Report, source: Path) -> Config:
 
 
 def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay:
-    from oracle.engines import build_engine
     from oracle.execute import fresh
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
@@ -59,7 +58,9 @@ def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay
     if trial.target >= len(plan.targets):
         raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
                           f"{len(plan.targets)}")
-    engine = build_engine(config.engine, model_dir, mode)
+    from oracle.watchdog import start_engine
+
+    engine = start_engine(config.engine, model_dir, mode)  # under the watchdog, as `oracle run` is
     try:
         solo = fresh(engine, [solo_request(plan, trial.target)])[0]
         requests, at = trial_requests(plan, trial)
