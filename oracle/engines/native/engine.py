@@ -3,12 +3,16 @@
 `production` mode runs torch's default ops and picks the decode attention's KV split count
 from the batch size, as split-KV kernels do to fill a device; `invariant` mode runs the whole
 step inside `oracle_kernels.batch_invariant()`, so every reduction has a fixed order.
+
+Per step the host builds the inputs (one host-to-device copy), the device runs the forward pass
+and samples every row (oracle/engines/native/sampler.py), and one device-to-host copy brings the
+tokens back. On CUDA, decode steps replay CUDA graphs (oracle/engines/native/graphs.py, engine
+option `cuda_graphs`, on by default there); prefill steps run eagerly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +21,10 @@ import oracle_kernels
 import torch
 
 from oracle.engines.base import Completion, Mode, Request, StepEvidence
+from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
+from oracle.engines.native.sampler import SampledRows, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
@@ -46,6 +52,7 @@ class NativeEngine:
         enable_prefix_caching: bool = False,
         num_threads: int | None = None,
         stop_at_eos: bool = False,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -62,6 +69,13 @@ class NativeEngine:
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
         self._allocator = BlockAllocator(0, block_size)
+        # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
+        if cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self._graphs: DecodeGraphs | None = None
+        self.forward_seconds = 0.0  # wall time inside forward passes (bench); timed only when `timed`
+        self.timed = False
 
     def describe(self) -> dict[str, Any]:
         c = self.decoder.config
@@ -78,6 +92,7 @@ class NativeEngine:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": self.enable_prefix_caching,
             "num_threads": self.num_threads or torch.get_num_threads(),
+            "cuda_graphs": self.cuda_graphs,
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
@@ -85,6 +100,8 @@ class NativeEngine:
 
     def close(self) -> None:
         self._kv = []
+        self._graphs = None
+        self._num_blocks = 0
 
     def _kernels(self) -> contextlib.AbstractContextManager[None]:
         return oracle_kernels.batch_invariant() if self.mode == "invariant" else contextlib.nullcontext()
@@ -110,7 +127,9 @@ class NativeEngine:
         # A bigger pool starts empty; with prefix caching keep twice what is asked so cached blocks survive.
         num_blocks *= 2 if self.enable_prefix_caching else 1
         c = self.decoder.config
-        shape = (num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        # One block more than the allocator hands out: the junk block that graph padding rows write.
+        shape = (num_blocks + 1, self.block_size, c.num_kv_heads, c.head_dim)
+        self._graphs = None  # graphs hold the old cache's addresses
         self._kv = [
             (torch.zeros(shape, dtype=self.decoder.dtype, device=self.device),
              torch.zeros(shape, dtype=self.decoder.dtype, device=self.device))
@@ -160,12 +179,19 @@ class NativeEngine:
         self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request], outs: list[Completion],
         generators: list[torch.Generator | None],
     ) -> dict[int, int]:
-        inputs = self._prepare(batch)
-        logits = self.decoder.forward(inputs, self._kv)  # [R, vocab] float32
-        logprobs = torch.log_softmax(logits, dim=-1)  # [R, vocab]
-        num_tokens = int(inputs.input_ids.shape[0])
-        sampled: dict[int, int] = {}
-        row = 0
+        num_tokens = sum(item.num_new_tokens for item in batch)
+        self._evidence(step, batch, num_tokens, outs)
+        timer = self._forward_timer()
+        logits = self._forward(batch)  # [R, vocab] float32, R = sequences that sample
+        done = [item.seq.index for item in batch if item.completes]
+        rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done])
+        if timer is not None:
+            self.forward_seconds += timer()
+        self._record(rows, done, outs)
+        return dict(zip(done, rows.tokens, strict=True))
+
+    def _evidence(self, step: int, batch: list[ScheduledSeq], num_tokens: int, outs: list[Completion]) -> None:
+        """Append each scheduled sequence's evidence of this pass (before the scheduler records it)."""
         for item in batch:
             seq = item.seq
             outs[seq.index].evidence.append(StepEvidence(
@@ -174,13 +200,46 @@ class NativeEngine:
                 num_cached_tokens=seq.num_cached_tokens,
                 token_index=seq.num_generated if item.completes else None,
             ))
-            if not item.completes:
-                continue
-            token = self._sample(logits[row], requests[seq.index], generators[seq.index])
-            self._record(outs[seq.index], requests[seq.index], logits[row], logprobs[row], token)
-            sampled[seq.index] = token
-            row += 1
-        return sampled
+
+    def _forward_timer(self) -> Any:
+        """With `timed` on: a function giving the seconds since now, after the device finished (bench only)."""
+        if not self.timed:
+            return None
+        import time
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+
+        def stop() -> float:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return time.perf_counter() - t0
+
+        return stop
+
+    def _forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager."""
+        if self.cuda_graphs and all(item.num_new_tokens == 1 and item.completes for item in batch):
+            graphs = self._decode_graphs()
+            if graphs.bucket_for(len(batch)) is not None:
+                bs = self.block_size
+                positions = [item.seq.num_computed_tokens for item in batch]
+                return graphs.run(
+                    ids=[item.seq.tokens[p] for item, p in zip(batch, positions, strict=True)],
+                    positions=positions,
+                    slots=[item.seq.block_table[p // bs] * bs + p % bs for item, p in zip(batch, positions, strict=True)],
+                    seq_lens=[p + 1 for p in positions],
+                    tables=[item.seq.block_table for item in batch],
+                )
+        return self.decoder.forward(self._prepare(batch), self._kv)
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        if self._graphs is None:
+            self._graphs = DecodeGraphs(self.decoder, self._kv, junk_block=self._num_blocks,
+                                        block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+                                        num_kv_splits=num_kv_splits_for)
+        return self._graphs
 
     def _prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         ids: list[int] = []
@@ -203,36 +262,28 @@ class NativeEngine:
                 logits_idx.append(qsl[-1] - 1)
         width = max(len(item.seq.block_table) for item in batch)
         tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in batch]
-        dev = self.device
-
-        def t(x: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-            return torch.tensor(x, dtype=dtype, device=dev)
-
+        # One host-to-device copy: every index list end to end, split on the device.
+        lengths = [len(ids), len(positions), len(slots), len(tables) * width, len(seq_lens), len(qsl), len(logits_idx)]
+        flat = torch.tensor(
+            [*ids, *positions, *slots, *(b for row in tables for b in row), *seq_lens, *qsl, *logits_idx],
+            dtype=torch.int64,
+        ).to(self.device)
+        ids_t, pos_t, slots_t, tables_t, lens_t, qsl_t, idx_t = torch.split(flat, lengths)
         return StepInputs(
-            input_ids=t(ids), positions=t(positions), slot_mapping=t(slots),
-            block_tables=t(tables, torch.int32), seq_lens=t(seq_lens, torch.int32),
-            query_start_loc=t(qsl, torch.int32), logits_indices=t(logits_idx),
+            input_ids=ids_t, positions=pos_t, slot_mapping=slots_t,
+            block_tables=tables_t.view(len(tables), width).to(torch.int32), seq_lens=lens_t.to(torch.int32),
+            query_start_loc=qsl_t.to(torch.int32), logits_indices=idx_t,
             num_kv_splits=num_kv_splits_for(len(batch)),
         )
 
-    def _sample(self, logits: torch.Tensor, r: Request, g: torch.Generator | None) -> int:
-        if g is None:
-            return int(torch.argmax(logits).item())
-        # Gumbel-max with the request's own generator: the draw does not depend on the batch.
-        u = torch.rand(logits.shape[-1], generator=g, dtype=torch.float32).clamp_(1e-10, 1.0)
-        gumbel = -torch.log(-torch.log(u)).to(logits.device)
-        return int(torch.argmax(logits / r.sampling.temperature + gumbel).item())
-
-    def _record(self, out: Completion, r: Request, logits: torch.Tensor, logprobs: torch.Tensor, token: int) -> None:
-        out.token_ids.append(token)
-        out.logprobs.append(float(logprobs[token].item()))
-        top = torch.topk(logits, 2).values.tolist() if logits.shape[-1] > 1 else [logits[0].item()] * 2
-        assert out.top2 is not None
-        out.top2.append((float(top[0]), float(top[1])))
-        row = logits.detach().cpu().numpy()
-        if out.logits is not None:
-            out.logits.append(row)
-        elif out.logits_digests is not None:
-            out.logits_digests.append(hashlib.sha256(row.tobytes()).hexdigest())
-
-
+    def _record(self, rows: SampledRows, done: list[int], outs: list[Completion]) -> None:
+        for row, index in enumerate(done):
+            out = outs[index]
+            out.token_ids.append(rows.tokens[row])
+            out.logprobs.append(rows.logprobs[row])
+            assert out.top2 is not None
+            out.top2.append(rows.top2[row])
+            if out.logits is not None:
+                out.logits.append(rows.full[row])
+            elif out.logits_digests is not None:
+                out.logits_digests.append(rows.digests[row])
