@@ -154,8 +154,10 @@ def production_attention(
     qsl = query_start_loc.long()
     context = seq_lens.long()  # [B]
     q_lens = qsl[1:] - qsl[:-1]  # [B]
-    # Two host reads per call: the padded sizes (this path is the CPU's; CUDA runs kernels/triton).
-    longest_query, longest_context = (int(x) for x in torch.stack([q_lens.max(), context.max()]).tolist())
+    splits = torch.where(q_lens == 1, torch.clamp(context, max=max(1, num_kv_splits)), 1)  # [B]
+    # One host read per call: the padded sizes (this path is the CPU's; CUDA runs kernels/triton).
+    longest_query, longest_context, num_splits = (
+        int(x) for x in torch.stack([q_lens.max(), context.max(), splits.max()]).tolist())
     if longest_query == 0:
         return out
     bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
@@ -178,23 +180,21 @@ def production_attention(
     scores = torch.einsum("bhgld,bhcd->bhglc", qh, k) * scale  # [B, Hkv, G, L, C]
     query_pos = (context - q_lens)[:, None] + torch.arange(longest_query, device=device)  # [B, L]
     allowed = (kv_pos[None, None, :] <= query_pos[:, :, None]) & in_context[:, None, :]  # [B, L, C]
-    splits = torch.where(q_lens == 1, torch.clamp(context, max=max(1, num_kv_splits)), 1)  # [B]
     split_of = ((kv_pos[None, :] + 1) * splits[:, None] - 1) // context.clamp(min=1)[:, None]  # [B, C]
-    partials, lses = [], []
-    for s in range(int(max(1, num_kv_splits))):  # a loop over split indices, never over sequences
-        mask = (allowed & (split_of == s)[:, None, :])[:, None, None]  # [B, 1, 1, L, C]
-        masked = scores.masked_fill(~mask, float("-inf"))
-        m = masked.amax(dim=-1, keepdim=True)
-        shift = torch.where(m == float("-inf"), 0.0, m)
-        p = torch.exp(masked - shift)
-        denom = p.sum(dim=-1, keepdim=True)
-        acc = torch.einsum("bhglc,bhcd->bhgld", p, v)
-        partials.append(torch.where(denom > 0, acc / denom, 0.0))  # [B, Hkv, G, L, D]
-        lses.append(torch.where(denom > 0, shift + torch.log(denom), float("-inf")))  # [B, Hkv, G, L, 1]
-    lse = torch.stack(lses)  # [S, B, Hkv, G, L, 1]
+    # Every split at once: [S, B, Hkv, G, L, C], keys outside split s masked out of row s.
+    in_split = (split_of[None] == torch.arange(num_splits, device=device)[:, None, None])  # [S, B, C]
+    mask = (allowed[None] & in_split[:, :, None, :])[:, :, None, None]  # [S, B, 1, 1, L, C]
+    masked = scores[None].masked_fill(~mask, float("-inf"))
+    m = masked.amax(dim=-1, keepdim=True)
+    shift = torch.where(m == float("-inf"), 0.0, m)
+    p = torch.exp(masked - shift)
+    denom = p.sum(dim=-1, keepdim=True)  # [S, B, Hkv, G, L, 1]
+    acc = torch.einsum("sbhglc,bhcd->sbhgld", p, v)
+    partials = torch.where(denom > 0, acc / denom, 0.0)  # [S, B, Hkv, G, L, D]
+    lse = torch.where(denom > 0, shift + torch.log(denom), float("-inf"))
     total = torch.logsumexp(lse, dim=0, keepdim=True)
     weights = torch.where(lse == float("-inf"), 0.0, torch.exp(lse - total))
-    merged = (weights * torch.stack(partials)).sum(dim=0)  # [B, Hkv, G, L, D]
+    merged = (weights * partials).sum(dim=0)  # [B, Hkv, G, L, D]
     rows = merged.permute(0, 3, 1, 2, 4).reshape(shape.num_seqs, longest_query, shape.num_heads, dim)
     out[valid] = rows[seq, index].to(q.dtype)
     return out

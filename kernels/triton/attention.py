@@ -314,7 +314,7 @@ def paged_attention(
     table = block_tables.to(torch.int32)
     row_floats = shape.num_heads * (shape.head_dim + 2)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if torch.cuda.is_current_stream_capturing():
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
         # A CUDA graph of a decode step: tiles built on the device and as many partitions as the
         # block table can hold; a partition past a token's position does no work, so the bits are
         # those of the eager call.

@@ -13,6 +13,7 @@ option `cuda_graphs`, on by default there); prefill steps run eagerly.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,30 @@ from oracle.errors import ConfigError
 def num_kv_splits_for(num_seqs: int, max_splits: int = 8, target_parallelism: int = 16) -> int:
     """Split-KV heuristic of the production path: fewer sequences -> more KV chunks per sequence."""
     return max(1, min(max_splits, target_parallelism // max(1, num_seqs)))
+
+
+class _ForwardClock:
+    """Time of one forward pass for the bench: CUDA events around it (no extra sync), or the host clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        if device.type == "cuda":
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._t0 = time.perf_counter()
+        self._t1 = self._t0
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+        self._t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        """After the device finished the pass (the step's host copy waits for it)."""
+        if self._events is not None:
+            self._events[1].synchronize()
+            return self._events[0].elapsed_time(self._events[1]) / 1000.0
+        return self._t1 - self._t0
 
 
 class NativeEngine:
@@ -74,7 +99,7 @@ class NativeEngine:
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self._graphs: DecodeGraphs | None = None
-        self.forward_seconds = 0.0  # wall time inside forward passes (bench); timed only when `timed`
+        self.forward_seconds = 0.0  # time inside forward passes, summed while `timed` is on (bench)
         self.timed = False
 
     def describe(self) -> dict[str, Any]:
@@ -179,14 +204,16 @@ class NativeEngine:
         self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request], outs: list[Completion],
         generators: list[torch.Generator | None],
     ) -> dict[int, int]:
-        num_tokens = sum(item.num_new_tokens for item in batch)
-        self._evidence(step, batch, num_tokens, outs)
-        timer = self._forward_timer()
-        logits = self._forward(batch)  # [R, vocab] float32, R = sequences that sample
+        clock = _ForwardClock(self.device) if self.timed else None
+        logits = self._forward(batch)  # [R, vocab] float32, R = sequences that sample; queued on the device
+        if clock is not None:
+            clock.stop()
+        # Host work while the device computes.
+        self._evidence(step, batch, sum(item.num_new_tokens for item in batch), outs)
         done = [item.seq.index for item in batch if item.completes]
         rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done])
-        if timer is not None:
-            self.forward_seconds += timer()
+        if clock is not None:
+            self.forward_seconds += clock.seconds()
         self._record(rows, done, outs)
         return dict(zip(done, rows.tokens, strict=True))
 
@@ -200,23 +227,6 @@ class NativeEngine:
                 num_cached_tokens=seq.num_cached_tokens,
                 token_index=seq.num_generated if item.completes else None,
             ))
-
-    def _forward_timer(self) -> Any:
-        """With `timed` on: a function giving the seconds since now, after the device finished (bench only)."""
-        if not self.timed:
-            return None
-        import time
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-
-        def stop() -> float:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            return time.perf_counter() - t0
-
-        return stop
 
     def _forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager."""

@@ -76,7 +76,8 @@ def _gumbel(g: torch.Generator, vocab: int) -> torch.Tensor:
 
 
 def _f32(bits: np.ndarray) -> list[float]:
-    return [float(x) for x in bits.astype(np.int32).view(np.float32)]
+    # int64 columns holding float32 bit patterns -> Python floats (exact: float32 widens losslessly).
+    return bits.astype(np.int32).view(np.float32).tolist()  # type: ignore[no-any-return]
 
 
 def sample_rows(
@@ -109,11 +110,10 @@ def sample_rows(
     if full_rows:
         copied = logits[torch.tensor(full_rows, device=device)].cpu().numpy()
         full = {row: copied[j] for j, row in enumerate(full_rows)}
-    top = np.stack([_f32(host[:, 2]), _f32(host[:, 3])], axis=1) if num_rows else np.zeros((0, 2))
     return SampledRows(
-        tokens=[int(t) for t in host[:, 0]],
+        tokens=host[:, 0].tolist(),
         logprobs=_f32(host[:, 1]),
-        top2=[(float(a), float(b)) for a, b in top],
+        top2=list(zip(_f32(host[:, 2]), _f32(host[:, 3]), strict=True)),
         digests={i: digest_of(host[i, 4:]) for i in digest_rows},
         full=full,
     )
