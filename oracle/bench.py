@@ -93,12 +93,15 @@ def _summary(rounds: list[Round]) -> dict[str, Any]:
     }
 
 
-def _time_rounds(run_once: Callable[[], int], engine: Any, warmup: int, rounds: int) -> tuple[list[Round], float]:
+def _time_rounds(
+    run_once: Callable[[], int], engine: Any, warmup: int, rounds: int, label: str
+) -> tuple[list[Round], float]:
     """`warmup` untimed runs, then `rounds` timed ones; returns the rounds and the warm-up seconds."""
     t0 = time.perf_counter()
     for _ in range(warmup):
         run_once()
     warm = time.perf_counter() - t0
+    print(f"{label}: warm-up {warm:.2f} s", flush=True)
     out = []
     timed = hasattr(engine, "forward_seconds")
     for _ in range(rounds):
@@ -111,6 +114,8 @@ def _time_rounds(run_once: Callable[[], int], engine: Any, warmup: int, rounds: 
         if timed:
             engine.timed = False
         out.append(Round(seconds, forward, tokens))
+        print(f"{label}: round {len(out)} {seconds:.3f} s" + (f", forward {forward:.3f} s" if forward else ""),
+              flush=True)
     return out, warm
 
 
@@ -153,7 +158,7 @@ def bench_config(config_path: str, json_path: Path | None, warmup: int = 1, roun
             return tokens
 
         try:
-            timed, warm = _time_rounds(run_once, engine, warmup, rounds)
+            timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
         finally:
             engine.close()
         rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3)}
@@ -246,7 +251,7 @@ def bench_workload(
             return sum(len(o.token_ids) for o in engine.generate(requests))
 
         try:
-            timed, warm = _time_rounds(run_once, engine, warmup, rounds)
+            timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
             rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3),
                                    "cuda_graphs": engine.cuda_graphs}
         finally:
