@@ -5,8 +5,10 @@ it overrides nothing). Its default implementation is the production path, what s
 do: decode queries split their KV range into `num_kv_splits` chunks (the engine picks the number
 from the batch size, as split-KV / flash-decoding kernels do) merged by log-sum-exp, prefill
 queries run a plain masked attention, all with torch's default ops. That makes it batch-variant
-on purpose. `enable()` registers the invariant implementation (kernels/cpu/attention.py) on the
-CPU key over it; `disable()` removes it again.
+on purpose. On CUDA the production path is the Triton kernel of kernels/triton/attention.py run
+with a partition sized from `num_kv_splits` (so it varies with the batch as well). `enable()`
+registers the invariant implementations (kernels/cpu/attention.py, kernels/triton/attention.py)
+over it; `disable()` removes them again. No path loops over sequences in Python.
 
 Layout (flattened tokens, as vLLM):
     q             [T, Hq, D]   queries of every token scheduled this step, sequence after sequence
@@ -112,29 +114,18 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return _from_kv_head(torch.matmul(probs, v.permute(1, 0, 2)), length)  # [L, Hq, D]
 
 
-def _split_kv_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, num_kv_splits: int
-) -> torch.Tensor:
-    """One decode query q [1, Hq, D] over k, v [C, Hkv, D], flash-decoding style.
+def token_layout(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token: its sequence, its index among the sequence's queries, and whether it belongs to one.
 
-    The C positions are cut into `num_kv_splits` near-equal chunks; each chunk yields its
-    normalised partial output and log-sum-exp, and the partials are merged by their weights.
+    All [T] int64 / bool, computed on the tensors' device without a host round trip.
     """
-    context = k.shape[0]
-    splits = max(1, min(num_kv_splits, context))
-    bounds = [context * i // splits for i in range(splits + 1)]
-    qh = _by_kv_head(q, k.shape[1])  # [Hkv, G, D]
-    partials, lses = [], []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        scores = torch.matmul(qh, k[lo:hi].permute(1, 2, 0)) * scale  # [Hkv, G, hi-lo]
-        m = scores.amax(dim=-1, keepdim=True)
-        p = torch.exp(scores - m)
-        denom = p.sum(dim=-1, keepdim=True)
-        partials.append(torch.matmul(p, v[lo:hi].permute(1, 0, 2)) / denom)  # [Hkv, G, D]
-        lses.append(m + torch.log(denom))  # [Hkv, G, 1]
-    lse = torch.stack(lses)  # [splits, Hkv, G, 1]
-    weights = torch.exp(lse - torch.logsumexp(lse, dim=0, keepdim=True))
-    return _from_kv_head((weights * torch.stack(partials)).sum(dim=0), 1)  # [1, Hq, D]
+    qsl = query_start_loc.long()
+    num_seqs = seq_lens.shape[0]
+    token = torch.arange(num_tokens, device=qsl.device)
+    seq = torch.searchsorted(qsl[1:], token, right=True).clamp_(max=max(num_seqs - 1, 0))  # [T]
+    return seq, token - qsl[seq], token < qsl[-1]
 
 
 def production_attention(
@@ -147,21 +138,65 @@ def production_attention(
     scale: float,
     num_kv_splits: int,
 ) -> torch.Tensor:
-    """The production path: split-KV decode and masked prefill with torch's default ops, in float32."""
-    check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    """The production path with torch's default ops in float32, vectorized over the batch.
+
+    Every sequence's context is gathered into one padded [B, C, Hkv, D] tensor and every
+    sequence's queries into [B, L, Hq, D] (L the most queries of one sequence). A decode sequence
+    (one query) cuts its context of c positions into s = min(num_kv_splits, c) near-equal splits,
+    position p in split ((p + 1) * s - 1) // c (the bounds c * i // s), each reduced alone and
+    merged by log-sum-exp as flash-decoding does; a prefill sequence is one split.
+    """
+    shape = check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     out = torch.zeros_like(q)
-    starts = query_start_loc.tolist()
-    for b, context in enumerate(seq_lens.tolist()):
-        lo, hi = starts[b], starts[b + 1]
-        if hi == lo:
-            continue
-        k = gather_kv(k_cache, block_tables[b], context, torch.float32)  # [C, Hkv, D]
-        v = gather_kv(v_cache, block_tables[b], context, torch.float32)
-        qb = q[lo:hi].float()  # [L, Hq, D]
-        if hi - lo == 1:
-            out[lo:hi] = _split_kv_decode(qb, k, v, scale, num_kv_splits).to(q.dtype)
-        else:
-            out[lo:hi] = _masked_attention(qb, k, v, scale).to(q.dtype)
+    if shape.num_tokens == 0 or shape.num_seqs == 0:
+        return out
+    device = q.device
+    qsl = query_start_loc.long()
+    context = seq_lens.long()  # [B]
+    q_lens = qsl[1:] - qsl[:-1]  # [B]
+    splits = torch.where(q_lens == 1, torch.clamp(context, max=max(1, num_kv_splits)), 1)  # [B]
+    # One host read per call: the padded sizes (this path is the CPU's; CUDA runs kernels/triton).
+    longest_query, longest_context, num_splits = (
+        int(x) for x in torch.stack([q_lens.max(), context.max(), splits.max()]).tolist())
+    if longest_query == 0:
+        return out
+    bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
+    kv_pos = torch.arange(longest_context, device=device)  # [C]
+    in_context = kv_pos[None, :] < context[:, None]  # [B, C]
+    block_col = (kv_pos // bs).clamp(max=block_tables.shape[1] - 1)
+    slot = torch.where(in_context, block_tables.long()[:, block_col] * bs + kv_pos % bs, 0)  # [B, C]
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        # [B, Hkv, C, D] float32, zero outside the context (unused slots may hold anything, NaN too).
+        values = cache.view(-1, hkv, dim)[slot].float()
+        return torch.where(in_context[..., None, None], values, 0.0).permute(0, 2, 1, 3)
+
+    k, v = gather(k_cache), gather(v_cache)
+    seq, index, valid = token_layout(query_start_loc, seq_lens, shape.num_tokens)
+    seq, index = seq[valid], index[valid]
+    qp = q.new_zeros((shape.num_seqs, longest_query, shape.num_heads, dim), dtype=torch.float32)
+    qp[seq, index] = q[valid].float()
+    qh = qp.view(shape.num_seqs, longest_query, hkv, group, dim).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, L, D]
+    scores = torch.einsum("bhgld,bhcd->bhglc", qh, k) * scale  # [B, Hkv, G, L, C]
+    query_pos = (context - q_lens)[:, None] + torch.arange(longest_query, device=device)  # [B, L]
+    allowed = (kv_pos[None, None, :] <= query_pos[:, :, None]) & in_context[:, None, :]  # [B, L, C]
+    split_of = ((kv_pos[None, :] + 1) * splits[:, None] - 1) // context.clamp(min=1)[:, None]  # [B, C]
+    # Every split at once: [S, B, Hkv, G, L, C], keys outside split s masked out of row s.
+    in_split = (split_of[None] == torch.arange(num_splits, device=device)[:, None, None])  # [S, B, C]
+    mask = (allowed[None] & in_split[:, :, None, :])[:, :, None, None]  # [S, B, 1, 1, L, C]
+    masked = scores[None].masked_fill(~mask, float("-inf"))
+    m = masked.amax(dim=-1, keepdim=True)
+    shift = torch.where(m == float("-inf"), 0.0, m)
+    p = torch.exp(masked - shift)
+    denom = p.sum(dim=-1, keepdim=True)  # [S, B, Hkv, G, L, 1]
+    acc = torch.einsum("sbhglc,bhcd->sbhgld", p, v)
+    partials = torch.where(denom > 0, acc / denom, 0.0)  # [S, B, Hkv, G, L, D]
+    lse = torch.where(denom > 0, shift + torch.log(denom), float("-inf"))
+    total = torch.logsumexp(lse, dim=0, keepdim=True)
+    weights = torch.where(lse == float("-inf"), 0.0, torch.exp(lse - total))
+    merged = (weights * partials).sum(dim=0)  # [B, Hkv, G, L, D]
+    rows = merged.permute(0, 3, 1, 2, 4).reshape(shape.num_seqs, longest_query, shape.num_heads, dim)
+    out[valid] = rows[seq, index].to(q.dtype)
     return out
 
 
@@ -207,8 +242,15 @@ def paged_attention(
     Default (production): decode queries split their KV range into `num_kv_splits` chunks merged
     by log-sum-exp, which makes the result depend on the batch through `num_kv_splits`. With the
     kernels enabled, the CPU runs the invariant path instead (fixed 32-position chunks, merged in
-    order), which ignores `num_kv_splits`. See the module docstring for the layout.
+    order), which ignores `num_kv_splits`. See the module docstring for the layout. On CUDA the
+    production path is the Triton kernel of kernels/triton/attention.py with a partition sized
+    from `num_kv_splits` and the block table's width, as split-KV decode kernels size theirs.
     """
+    if q.is_cuda:
+        from .triton.attention import production_paged_attention
+
+        return production_paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
     return production_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
 
 

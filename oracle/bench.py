@@ -2,14 +2,22 @@
 
 `oracle bench kernels` times the batch-invariant kernels against torch's own on this machine's
 device (the Triton set against cuBLAS on a GPU); `oracle bench CONFIG.yaml` times one engine
-generating the config's whole schedule in each mode and prints the ratio. Figures are printed
-as a Markdown table and optionally written as JSON; nothing here asserts a speed.
+generating the config's whole schedule in each mode; `oracle bench --workload seed` times the
+native engine on a fixed workload (`WORKLOADS`) with random weights made on the device. Each mode
+runs `warmup` untimed rounds (compilation, CUDA-graph capture, first-call checks), then `rounds`
+timed ones; the table gives the median, the spread (min, max) and, for the native engine, the
+share of wall time spent inside forward passes. Figures are printed as a Markdown table and
+optionally written as JSON; nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import statistics
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,37 +42,221 @@ def bench_kernels(dtype: str, json_path: Path | None, quick: bool = False) -> in
     return bench.main(argv)
 
 
-def bench_config(config_path: str, json_path: Path | None) -> int:
-    """Generate every trial of the config once per mode on one engine and report the wall times."""
+@dataclass(frozen=True)
+class Workload:
+    """A fixed generation workload: random prompts and output lengths from one seed, greedy, no logits."""
+
+    name: str
+    preset: str  # model preset (oracle/models/presets.py); weights are random, made on the device
+    dtype: str
+    num_seqs: int
+    prompt_len: tuple[int, int]  # inclusive range
+    output_len: tuple[int, int]  # inclusive range (max_tokens; EOS does not stop the sequence)
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    seed: int = 0
+    description: str = ""
+
+
+WORKLOADS: dict[str, Workload] = {
+    "seed": Workload(
+        name="seed", preset="qwen3-8b-shape", dtype="bfloat16", num_seqs=1000, prompt_len=(16, 48),
+        output_len=(90, 110), max_num_seqs=1024, max_num_batched_tokens=16384,
+        description="the vLLM batch-invariance blog's workload: Qwen3-8B shapes, bf16, greedy, 1000 sequences "
+                    "of 16-48 prompt tokens and 90-110 output tokens; the scheduler limits are vLLM's defaults "
+                    "on an 80 GB+ GPU (1024 sequences, 16384 tokens per step)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Round:
+    seconds: float
+    forward_seconds: float | None
+    tokens: int
+
+
+def _summary(rounds: list[Round]) -> dict[str, Any]:
+    walls = [r.seconds for r in rounds]
+    fwd = [r.forward_seconds for r in rounds if r.forward_seconds is not None]
+    median = statistics.median(walls)
+    return {
+        "rounds": [round(w, 4) for w in walls],
+        "median_s": round(median, 4),
+        "min_s": round(min(walls), 4),
+        "max_s": round(max(walls), 4),
+        "stdev_s": round(statistics.stdev(walls), 4) if len(walls) > 1 else 0.0,
+        "forward_median_s": round(statistics.median(fwd), 4) if fwd else None,
+        "forward_share": round(statistics.median(f / w for f, w in zip(fwd, walls, strict=True)), 4) if fwd else None,
+        "tokens": rounds[-1].tokens,
+        "tokens_per_s": round(rounds[-1].tokens / median, 1) if median else None,
+    }
+
+
+def _time_rounds(
+    run_once: Callable[[], int], engine: Any, warmup: int, rounds: int, label: str
+) -> tuple[list[Round], float]:
+    """`warmup` untimed runs, then `rounds` timed ones; returns the rounds and the warm-up seconds."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        run_once()
+    warm = time.perf_counter() - t0
+    print(f"{label}: warm-up {warm:.2f} s", flush=True)
+    out = []
+    timed = hasattr(engine, "forward_seconds")
+    for _ in range(rounds):
+        if timed:
+            engine.timed, engine.forward_seconds = True, 0.0
+        t0 = time.perf_counter()
+        tokens = run_once()
+        seconds = time.perf_counter() - t0
+        forward = engine.forward_seconds if timed else None
+        if timed:
+            engine.timed = False
+        out.append(Round(seconds, forward, tokens))
+        print(f"{label}: round {len(out)} {seconds:.3f} s" + (f", forward {forward:.3f} s" if forward else ""),
+              flush=True)
+    return out, warm
+
+
+def _print_table(rows: dict[str, Any]) -> None:
+    print("| mode | median s | min s | max s | stdev s | forward share | generated tokens | tokens/s | warm-up s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode, r in rows["modes"].items():
+        share = "" if r["forward_share"] is None else f"{100 * r['forward_share']:.1f}%"
+        print(f"| {mode} | {r['median_s']} | {r['min_s']} | {r['max_s']} | {r['stdev_s']} | {share} | "
+              f"{r['tokens']} | {r['tokens_per_s']} | {r['warmup_s']} |")
+    print(f"\ninvariant / production median wall time: {rows['invariant_over_production']}x")
+
+
+def _check_rounds(warmup: int, rounds: int) -> None:
+    if warmup < 0:
+        raise ConfigError(f"bench --warmup: must be >= 0, got {warmup}")
+    if rounds < 1:
+        raise ConfigError(f"bench --rounds: must be >= 1, got {rounds}")
+
+
+def bench_config(config_path: str, json_path: Path | None, warmup: int = 1, rounds: int = 3) -> int:
+    """Generate every trial of the config per round, in each mode on one engine, and report the wall times."""
     from oracle.config import load_config
     from oracle.engines import build_engine
     from oracle.execute import generate
     from oracle.plan import plan_run, trial_requests
 
+    _check_rounds(warmup, rounds)
     config = load_config(config_path)
     plan = plan_run(config)
-    rows: dict[str, Any] = {"config": config_path, "trials": len(plan.trials), "modes": {}}
+    rows: dict[str, Any] = {"config": config_path, "trials": len(plan.trials), "warmup": warmup, "modes": {}}
     for mode in ("production", "invariant"):
         engine = build_engine(config.engine, plan.model_dir, mode)
-        try:
-            first, at = trial_requests(plan, plan.trials[0])
-            generate(engine, first)  # warm-up: compilation, allocation
-            t0 = time.perf_counter()
+
+        def run_once(engine: Any = engine) -> int:
             tokens = 0
             for trial in plan.trials:
                 requests, _ = trial_requests(plan, trial)
                 outs = generate(engine, requests, trial.max_num_batched_tokens)
                 tokens += sum(len(o.token_ids) for o in outs)
-            seconds = time.perf_counter() - t0
+            return tokens
+
+        try:
+            timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
         finally:
             engine.close()
-        rows["modes"][mode] = {"seconds": round(seconds, 3), "tokens": tokens,
-                               "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
-    prod, inv = rows["modes"]["production"]["seconds"], rows["modes"]["invariant"]["seconds"]
+        rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3)}
+    return _finish(rows, json_path)
+
+
+def _finish(rows: dict[str, Any], json_path: Path | None) -> int:
+    prod, inv = rows["modes"]["production"]["median_s"], rows["modes"]["invariant"]["median_s"]
     rows["invariant_over_production"] = round(inv / prod, 3) if prod else None
-    print("| mode | seconds | generated tokens | tokens/s |\n| --- | ---: | ---: | ---: |")
-    for mode, r in rows["modes"].items():
-        print(f"| {mode} | {r['seconds']} | {r['tokens']} | {r['tokens_per_s']} |")
-    print(f"\ninvariant / production wall time: {rows['invariant_over_production']}x")
+    _print_table(rows)
     _write(json_path, rows)
     return 0
+
+
+def workload_requests(w: Workload, vocab_size: int) -> list[Any]:
+    """The workload's requests: prompt lengths, token ids and output lengths drawn from `w.seed`."""
+    from oracle.engines.base import Request, SamplingParams
+
+    rng = random.Random(w.seed)
+    out = []
+    for i in range(w.num_seqs):
+        prompt = tuple(rng.randrange(vocab_size) for _ in range(rng.randint(*w.prompt_len)))
+        out.append(Request(f"w{i}", prompt, SamplingParams(rng.randint(*w.output_len), 0.0, 0, "none")))
+    return out
+
+
+def random_decoder(preset_name: str, dtype: str, device: str, seed: int = 0) -> Any:
+    """A decoder with the preset's shapes and random weights made on `device` (no checkpoint on disk)."""
+    import torch
+
+    from oracle.engines.native.loader import DTYPES
+    from oracle.engines.native.model import Decoder, ModelConfig
+    from oracle.models.layout import tensor_layout
+    from oracle.models.presets import get_preset
+    from oracle.models.weights import _random_part_std
+
+    preset = get_preset(preset_name)
+    torch_dtype = DTYPES[dtype]
+    g = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for spec in tensor_layout(preset):
+        values = torch.randn(spec.shape, generator=g, dtype=torch.float32, device=device)
+        values.mul_(_random_part_std(preset, spec))
+        if spec.role in ("norm", "final_norm"):
+            values.add_(1.0)
+        weights[spec.name] = values.to(torch_dtype)
+        del values
+    config = ModelConfig(
+        architecture=preset.architecture, vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size, num_layers=preset.num_hidden_layers,
+        num_heads=preset.num_attention_heads, num_kv_heads=preset.num_key_value_heads, head_dim=preset.head_dim,
+        rms_norm_eps=preset.rms_norm_eps, rope_theta=preset.rope_theta,
+        max_position_embeddings=preset.max_position_embeddings, tie_word_embeddings=preset.tie_word_embeddings,
+    )
+    return Decoder(config, weights)
+
+
+def bench_workload(
+    name: str, json_path: Path | None, *, warmup: int = 1, rounds: int = 3, device: str | None = None,
+    preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None,
+) -> int:
+    """Time the native engine on a named workload in both modes; `preset`/`num_seqs` shrink it (smoke runs)."""
+    import torch
+
+    from oracle.engines.native import NativeEngine
+
+    _check_rounds(warmup, rounds)
+    if name not in WORKLOADS:
+        raise ConfigError(f"bench --workload: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    w = WORKLOADS[name]
+    if num_seqs is not None:
+        if num_seqs < 1:
+            raise ConfigError(f"bench --sequences: must be >= 1, got {num_seqs}")
+        w = Workload(**{**asdict(w), "num_seqs": num_seqs})
+    if preset is not None:
+        w = Workload(**{**asdict(w), "preset": preset})
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    decoder = random_decoder(w.preset, w.dtype, device, w.seed)
+    requests = workload_requests(w, decoder.config.vocab_size)
+    rows: dict[str, Any] = {
+        "workload": {**asdict(w), "device": str(torch.cuda.get_device_name() if device == "cuda" else device),
+                     "torch": torch.__version__},
+        "warmup": warmup, "modes": {},
+    }
+    for mode in ("production", "invariant"):
+        engine = NativeEngine(decoder, mode, device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
+                              max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs)
+
+        def run_once(engine: NativeEngine = engine) -> int:
+            return sum(len(o.token_ids) for o in engine.generate(requests))
+
+        try:
+            timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
+            rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3),
+                                   "cuda_graphs": engine.cuda_graphs}
+        finally:
+            engine.close()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return _finish(rows, json_path)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oracle import signals
-from oracle.errors import OracleError
+from oracle.errors import ConfigError, OracleError
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -69,7 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--golden", type=Path, required=True)
 
     b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
-    b.add_argument("what", help="'kernels', or a config file to time in both modes")
+    b.add_argument("what", nargs="?", default=None,
+                   help="'kernels', or a config file to time in both modes (omit with --workload)")
+    b.add_argument("--workload", default=None, help="a named native-engine workload instead of a config: 'seed'")
+    b.add_argument("--warmup", type=int, default=1, help="untimed rounds per mode (default 1)")
+    b.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
+    b.add_argument("--device", default=None, help="--workload: cuda or cpu (default: cuda when available)")
+    b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
+    b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
+    b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
     b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
@@ -167,11 +175,19 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from oracle.bench import bench_config, bench_kernels
+    from oracle.bench import bench_config, bench_kernels, bench_workload
 
+    if args.workload is not None:
+        if args.what is not None:
+            raise ConfigError("bench: give a config or --workload, not both")
+        return bench_workload(args.workload, args.json, warmup=args.warmup, rounds=args.rounds, device=args.device,
+                              preset=args.preset, num_seqs=args.sequences,
+                              cuda_graphs=False if args.no_cuda_graphs else None)
+    if args.what is None:
+        raise ConfigError("bench: give 'kernels', a config file, or --workload NAME")
     if args.what == "kernels":
         return bench_kernels(args.dtype, args.json, quick=args.quick)
-    return bench_config(args.what, args.json)
+    return bench_config(args.what, args.json, warmup=args.warmup, rounds=args.rounds)
 
 
 def _model(args: argparse.Namespace) -> int:

@@ -245,6 +245,22 @@ def _cached_query_tiles(
     return tiles
 
 
+def decode_query_tiles(seq_lens: torch.Tensor, num_tokens: int) -> QueryTiles:
+    """The tiles of a decode step (token b is sequence b's one query), built on the device.
+
+    No host read, so it can be captured in a CUDA graph; the tiles are exactly those
+    `query_tiles` cuts for the same step (one tile per sequence), so the kernels see the same work.
+    """
+    num_seqs = seq_lens.shape[0]
+    if num_tokens != num_seqs:
+        raise ValueError(f"paged_attention: a captured step must be a decode step (T={num_tokens}, B={num_seqs})")
+    device = seq_lens.device
+    positions = seq_lens.to(torch.int32) - 1  # [B]
+    index = torch.arange(num_seqs, dtype=torch.int32, device=device)
+    tiles = torch.stack([index, index, torch.ones_like(index), positions], dim=1)  # [B, 4]
+    return QueryTiles(tiles, torch.empty(0, dtype=torch.int64), positions, tiles)
+
+
 def _tile_groups(tiles: torch.Tensor, parts: torch.Tensor, row_floats: int) -> list[tuple[int, int]]:
     """Consecutive tile ranges [lo, hi) whose scratch (tokens x parts x row_floats fp32) fits the budget."""
     budget = max(1, ATTENTION_WORKSPACE_BYTES // 4)
@@ -295,16 +311,25 @@ def paged_attention(
     group_pad = triton.next_power_of_2(group)
     rows = max(t.rows, group_pad)
     block_d = max(16, triton.next_power_of_2(shape.head_dim))
-    qt = _cached_query_tiles(query_start_loc, seq_lens, shape.num_tokens, rows // group_pad, part_len)
-    if qt.tiles.shape[0] == 0:
-        return out
     table = block_tables.to(torch.int32)
     row_floats = shape.num_heads * (shape.head_dim + 2)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    for lo, hi in _tile_groups(qt.tiles, qt.parts, row_floats):
-        token_lo = int(qt.tiles[lo, 1])
-        token_hi = int(qt.tiles[hi - 1, 1] + qt.tiles[hi - 1, 2])
-        num_parts = int(qt.parts[lo:hi].max())
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph of a decode step: tiles built on the device and as many partitions as the
+        # block table can hold; a partition past a token's position does no work, so the bits are
+        # those of the eager call.
+        qt = decode_query_tiles(seq_lens, shape.num_tokens)
+        capacity = block_tables.shape[1] * shape.block_size
+        groups = [(0, shape.num_tokens, 0, shape.num_tokens, max(1, -(-capacity // part_len)))]
+    else:
+        qt = _cached_query_tiles(query_start_loc, seq_lens, shape.num_tokens, rows // group_pad, part_len)
+        if qt.tiles.shape[0] == 0:
+            return out
+        groups = [
+            (lo, hi, int(qt.tiles[lo, 1]), int(qt.tiles[hi - 1, 1] + qt.tiles[hi - 1, 2]), int(qt.parts[lo:hi].max()))
+            for lo, hi in _tile_groups(qt.tiles, qt.parts, row_floats)
+        ]
+    for lo, hi, token_lo, token_hi, num_parts in groups:
         tokens = token_hi - token_lo
         part_acc = torch.empty((tokens, shape.num_heads, num_parts, shape.head_dim), dtype=torch.float32,
                                device=q.device)
@@ -323,3 +348,31 @@ def paged_attention(
             BLOCK_D=block_d, num_warps=t.num_warps,
         )
     return out
+
+
+def production_partition(block_tables: torch.Tensor, block_size: int, num_kv_splits: int, chunk: int) -> int:
+    """The production path's partition: the block table's capacity cut into `num_kv_splits` parts.
+
+    Like a split-KV decode kernel, the split follows the batch (the engine picks `num_kv_splits`
+    from the batch size, and the table's width is the batch's longest sequence), so the order of
+    the final merge, and with it the bits, depend on the batch.
+    """
+    capacity = max(1, block_tables.shape[1] * block_size)
+    per_split = -(-capacity // max(1, num_kv_splits))
+    return chunk * max(1, -(-per_split // chunk))
+
+
+def production_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    num_kv_splits: int,
+) -> torch.Tensor:
+    """oracle_kernels::paged_attention's production path on CUDA: the kernels with a batch-sized partition."""
+    tiles = attention_tiles(q.dtype)
+    partition = production_partition(block_tables, k_cache.shape[1], num_kv_splits, tiles.chunk)
+    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, partition=partition)

@@ -72,7 +72,8 @@ class Completion:
 
     `logprobs[i]` is the float32 log-probability of `token_ids[i]`; `logits[i]` is the float32
     logits row of step i (vocab-sized) when full rows were asked for; `logits_digests[i]` a
-    sha256 of that row's bytes otherwise. `top2[i]` is (top-1 logit, top-2 logit) of step i.
+    sha256 of that row's bytes otherwise (the native engine hashes a fingerprint of the row's bits
+    made on the device, oracle/engines/native/sampler.py: compare digests of one engine only). `top2[i]` is (top-1 logit, top-2 logit) of step i.
     """
 
     request_id: str

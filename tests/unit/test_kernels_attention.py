@@ -177,6 +177,17 @@ def test_production_path_is_accurate(dtype: torch.dtype) -> None:
             torch.testing.assert_close(actual, exp, rtol=TOLERANCES[dtype], atol=TOLERANCES[dtype])
 
 
+def test_production_path_takes_a_mixed_batch_at_once() -> None:
+    # Prefill, chunked prefill, decode and a sequence without queries in one vectorized call.
+    work = [Work(make_seq(40, 20, torch.float32), 0, 40), Work(make_seq(9, 21, torch.float32), 9, 9),
+            Work(make_seq(70, 22, torch.float32), 50, 61), Work(make_seq(33, 23, torch.float32), 32, 33)]
+    for splits in (1, 4):
+        actual = attend(work, num_kv_splits=splits)
+        assert actual[1].shape[0] == 0
+        for a, e in zip(actual, reference(work), strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
 def test_production_path_varies_with_num_kv_splits() -> None:
     # The engine picks num_kv_splits from the batch size: this is its batch variance.
     seq = make_seq(300, 11, torch.float32)

@@ -3,12 +3,17 @@
 `production` mode runs torch's default ops and picks the decode attention's KV split count
 from the batch size, as split-KV kernels do to fill a device; `invariant` mode runs the whole
 step inside `oracle_kernels.batch_invariant()`, so every reduction has a fixed order.
+
+Per step the host builds the inputs (one host-to-device copy), the device runs the forward pass
+and samples every row (oracle/engines/native/sampler.py), and one device-to-host copy brings the
+tokens back. On CUDA, decode steps replay CUDA graphs (oracle/engines/native/graphs.py, engine
+option `cuda_graphs`, on by default there); prefill steps run eagerly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +22,10 @@ import oracle_kernels
 import torch
 
 from oracle.engines.base import Completion, Mode, Request, StepEvidence
+from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
+from oracle.engines.native.sampler import SampledRows, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
@@ -27,6 +34,52 @@ from oracle.errors import ConfigError
 def num_kv_splits_for(num_seqs: int, max_splits: int = 8, target_parallelism: int = 16) -> int:
     """Split-KV heuristic of the production path: fewer sequences -> more KV chunks per sequence."""
     return max(1, min(max_splits, target_parallelism // max(1, num_seqs)))
+
+
+class _ForwardClock:
+    """Time of one forward pass for the bench: CUDA events around it (no extra sync), or the host clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        if device.type == "cuda":
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._t0 = time.perf_counter()
+        self._t1 = self._t0
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+        self._t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        """After the device finished the pass (the step's host copy waits for it)."""
+        if self._events is not None:
+            self._events[1].synchronize()
+            return self._events[0].elapsed_time(self._events[1]) / 1000.0
+        return self._t1 - self._t0
+
+
+def pass_evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list[StepEvidence]:
+    """What each sequence of the pass saw of it: its own place and the pass's shape."""
+    chunked = [item.is_prefill and (item.seq.num_prefill_passes > 0 or not item.completes) for item in batch]
+    kv_lens = [item.seq.num_computed_tokens + item.num_new_tokens for item in batch]
+    prefill_tokens = sum(item.num_new_tokens for item in batch if item.is_prefill)
+    shape: dict[str, Any] = {
+        "num_prefill_tokens": prefill_tokens, "num_decode_tokens": num_tokens - prefill_tokens,
+        "max_query_len": max(item.num_new_tokens for item in batch), "max_kv_len": max(kv_lens),
+        "has_chunked": any(chunked),
+        "has_cache_hit": any(item.is_prefill and item.seq.num_cached_tokens > 0 for item in batch),
+    }
+    return [
+        StepEvidence(
+            engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
+            chunked=chunked[i], num_cached_tokens=item.seq.num_cached_tokens,
+            token_index=item.seq.num_generated if item.completes else None,
+            seq_position=i, kv_len=kv_lens[i], **shape,
+        )
+        for i, item in enumerate(batch)
+    ]
 
 
 class NativeEngine:
@@ -46,6 +99,7 @@ class NativeEngine:
         enable_prefix_caching: bool = False,
         num_threads: int | None = None,
         stop_at_eos: bool = False,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -64,6 +118,13 @@ class NativeEngine:
         self._allocator = BlockAllocator(0, block_size)
         # Per-op capture (oracle.localize): called with each pass's step, batch and inputs; wraps its forward.
         self.capture: Callable[[int, list[ScheduledSeq], StepInputs], contextlib.AbstractContextManager[None]] | None = None
+        # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
+        if cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self._graphs: DecodeGraphs | None = None
+        self.forward_seconds = 0.0  # time inside forward passes, summed while `timed` is on (bench)
+        self.timed = False
 
     def describe(self) -> dict[str, Any]:
         c = self.decoder.config
@@ -80,6 +141,7 @@ class NativeEngine:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": self.enable_prefix_caching,
             "num_threads": self.num_threads or torch.get_num_threads(),
+            "cuda_graphs": self.cuda_graphs,
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
@@ -87,6 +149,8 @@ class NativeEngine:
 
     def close(self) -> None:
         self._kv = []
+        self._graphs = None
+        self._num_blocks = 0
 
     def _kernels(self) -> contextlib.AbstractContextManager[None]:
         return oracle_kernels.batch_invariant() if self.mode == "invariant" else contextlib.nullcontext()
@@ -112,7 +176,9 @@ class NativeEngine:
         # A bigger pool starts empty; with prefix caching keep twice what is asked so cached blocks survive.
         num_blocks *= 2 if self.enable_prefix_caching else 1
         c = self.decoder.config
-        shape = (num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        # One block more than the allocator hands out: the junk block that graph padding rows write.
+        shape = (num_blocks + 1, self.block_size, c.num_kv_heads, c.head_dim)
+        self._graphs = None  # graphs hold the old cache's addresses
         self._kv = [
             (torch.zeros(shape, dtype=self.decoder.dtype, device=self.device),
              torch.zeros(shape, dtype=self.decoder.dtype, device=self.device))
@@ -162,45 +228,53 @@ class NativeEngine:
         self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request], outs: list[Completion],
         generators: list[torch.Generator | None],
     ) -> dict[int, int]:
-        inputs = self._prepare(batch)
-        with self.capture(step, batch, inputs) if self.capture else contextlib.nullcontext():
-            logits = self.decoder.forward(inputs, self._kv)  # [R, vocab] float32
-        logprobs = torch.log_softmax(logits, dim=-1)  # [R, vocab]
-        num_tokens = int(inputs.input_ids.shape[0])
-        sampled: dict[int, int] = {}
-        row = 0
-        for item, ev in zip(batch, self._evidence(step, batch, num_tokens), strict=True):
-            seq = item.seq
-            outs[seq.index].evidence.append(ev)
-            if not item.completes:
-                continue
-            token = self._sample(logits[row], requests[seq.index], generators[seq.index])
-            self._record(outs[seq.index], requests[seq.index], logits[row], logprobs[row], token)
-            sampled[seq.index] = token
-            row += 1
-        return sampled
+        clock = _ForwardClock(self.device) if self.timed else None
+        logits = self._forward(step, batch)  # [R, vocab] float32, R = sequences that sample; queued on the device
+        if clock is not None:
+            clock.stop()
+        # Host work while the device computes.
+        self._evidence(step, batch, sum(item.num_new_tokens for item in batch), outs)
+        done = [item.seq.index for item in batch if item.completes]
+        rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done])
+        if clock is not None:
+            self.forward_seconds += clock.seconds()
+        self._record(rows, done, outs)
+        return dict(zip(done, rows.tokens, strict=True))
 
-    @staticmethod
-    def _evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list[StepEvidence]:
-        """What each sequence of the pass saw of it: its own place and the pass's shape."""
-        chunked = [item.is_prefill and (item.seq.num_prefill_passes > 0 or not item.completes) for item in batch]
-        kv_lens = [item.seq.num_computed_tokens + item.num_new_tokens for item in batch]
-        prefill_tokens = sum(item.num_new_tokens for item in batch if item.is_prefill)
-        shape: dict[str, Any] = {
-            "num_prefill_tokens": prefill_tokens, "num_decode_tokens": num_tokens - prefill_tokens,
-            "max_query_len": max(item.num_new_tokens for item in batch), "max_kv_len": max(kv_lens),
-            "has_chunked": any(chunked),
-            "has_cache_hit": any(item.is_prefill and item.seq.num_cached_tokens > 0 for item in batch),
-        }
-        return [
-            StepEvidence(
-                engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
-                chunked=chunked[i], num_cached_tokens=item.seq.num_cached_tokens,
-                token_index=item.seq.num_generated if item.completes else None,
-                seq_position=i, kv_len=kv_lens[i], **shape,
-            )
-            for i, item in enumerate(batch)
-        ]
+    def _evidence(self, step: int, batch: list[ScheduledSeq], num_tokens: int, outs: list[Completion]) -> None:
+        """Append each scheduled sequence's evidence of this pass (before the scheduler records it)."""
+        for item, ev in zip(batch, pass_evidence(step, batch, num_tokens), strict=True):
+            outs[item.seq.index].evidence.append(ev)
+
+    def _forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager.
+
+        Under per-op capture (oracle.localize) every pass runs eagerly, inside the capture's context.
+        """
+        if self.capture is not None:
+            inputs = self._prepare(batch)
+            with self.capture(step, batch, inputs):
+                return self.decoder.forward(inputs, self._kv)
+        if self.cuda_graphs and all(item.num_new_tokens == 1 and item.completes for item in batch):
+            graphs = self._decode_graphs()
+            if graphs.bucket_for(len(batch)) is not None:
+                bs = self.block_size
+                positions = [item.seq.num_computed_tokens for item in batch]
+                return graphs.run(
+                    ids=[item.seq.tokens[p] for item, p in zip(batch, positions, strict=True)],
+                    positions=positions,
+                    slots=[item.seq.block_table[p // bs] * bs + p % bs for item, p in zip(batch, positions, strict=True)],
+                    seq_lens=[p + 1 for p in positions],
+                    tables=[item.seq.block_table for item in batch],
+                )
+        return self.decoder.forward(self._prepare(batch), self._kv)
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        if self._graphs is None:
+            self._graphs = DecodeGraphs(self.decoder, self._kv, junk_block=self._num_blocks,
+                                        block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+                                        num_kv_splits=num_kv_splits_for)
+        return self._graphs
 
     def _prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         ids: list[int] = []
@@ -223,36 +297,28 @@ class NativeEngine:
                 logits_idx.append(qsl[-1] - 1)
         width = max(len(item.seq.block_table) for item in batch)
         tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in batch]
-        dev = self.device
-
-        def t(x: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-            return torch.tensor(x, dtype=dtype, device=dev)
-
+        # One host-to-device copy: every index list end to end, split on the device.
+        lengths = [len(ids), len(positions), len(slots), len(tables) * width, len(seq_lens), len(qsl), len(logits_idx)]
+        flat = torch.tensor(
+            [*ids, *positions, *slots, *(b for row in tables for b in row), *seq_lens, *qsl, *logits_idx],
+            dtype=torch.int64,
+        ).to(self.device)
+        ids_t, pos_t, slots_t, tables_t, lens_t, qsl_t, idx_t = torch.split(flat, lengths)
         return StepInputs(
-            input_ids=t(ids), positions=t(positions), slot_mapping=t(slots),
-            block_tables=t(tables, torch.int32), seq_lens=t(seq_lens, torch.int32),
-            query_start_loc=t(qsl, torch.int32), logits_indices=t(logits_idx),
+            input_ids=ids_t, positions=pos_t, slot_mapping=slots_t,
+            block_tables=tables_t.view(len(tables), width).to(torch.int32), seq_lens=lens_t.to(torch.int32),
+            query_start_loc=qsl_t.to(torch.int32), logits_indices=idx_t,
             num_kv_splits=num_kv_splits_for(len(batch)),
         )
 
-    def _sample(self, logits: torch.Tensor, r: Request, g: torch.Generator | None) -> int:
-        if g is None:
-            return int(torch.argmax(logits).item())
-        # Gumbel-max with the request's own generator: the draw does not depend on the batch.
-        u = torch.rand(logits.shape[-1], generator=g, dtype=torch.float32).clamp_(1e-10, 1.0)
-        gumbel = -torch.log(-torch.log(u)).to(logits.device)
-        return int(torch.argmax(logits / r.sampling.temperature + gumbel).item())
-
-    def _record(self, out: Completion, r: Request, logits: torch.Tensor, logprobs: torch.Tensor, token: int) -> None:
-        out.token_ids.append(token)
-        out.logprobs.append(float(logprobs[token].item()))
-        top = torch.topk(logits, 2).values.tolist() if logits.shape[-1] > 1 else [logits[0].item()] * 2
-        assert out.top2 is not None
-        out.top2.append((float(top[0]), float(top[1])))
-        row = logits.detach().cpu().numpy()
-        if out.logits is not None:
-            out.logits.append(row)
-        elif out.logits_digests is not None:
-            out.logits_digests.append(hashlib.sha256(row.tobytes()).hexdigest())
-
-
+    def _record(self, rows: SampledRows, done: list[int], outs: list[Completion]) -> None:
+        for row, index in enumerate(done):
+            out = outs[index]
+            out.token_ids.append(rows.tokens[row])
+            out.logprobs.append(rows.logprobs[row])
+            assert out.top2 is not None
+            out.top2.append(rows.top2[row])
+            if out.logits is not None:
+                out.logits.append(rows.full[row])
+            elif out.logits_digests is not None:
+                out.logits_digests.append(rows.digests[row])

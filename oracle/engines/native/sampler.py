@@ -1,0 +1,119 @@
+"""Sampling and the per-step outputs of the sampled rows: computed on the device, copied to the host once.
+
+For the R rows of a step that sample a token (logits [R, vocab] float32), one pass on the logits'
+device computes every row's token (greedy argmax, or Gumbel-max with the request's own generator),
+the token's log-probability, the top-2 logits and, for rows that ask for a digest, a fingerprint
+of the row's bits; one device-to-host copy brings them back. Full rows are copied only for
+requests that ask for `logits: full`.
+
+The digest of a row is the sha256 of its fingerprint: four 64-bit lanes, lane l the sum over i of
+word_i * M[l, i] modulo 2**64, with word_i the row's float32 number i read as an int32 and M fixed
+odd 64-bit numbers. Identical rows give identical digests; two rows that differ in one float32
+differ in every lane (an odd multiplier never sends a nonzero difference below 2**32 to 0 modulo
+2**64), so a single flipped bit, a -0.0 for a +0.0 or another NaN payload always changes the digest,
+and rows that differ in several floats collide only by chance (2**-256 for random changes).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from oracle.engines.base import SamplingParams
+
+FINGERPRINT_LANES = 4
+_FINGERPRINT_SEED = 0x5EED_D16E
+_ROWS_PER_PASS = 128  # bounds the [rows, vocab] int64 temporary of the fingerprint
+
+
+@functools.cache
+def _multipliers(vocab: int, device: torch.device) -> torch.Tensor:
+    """[lanes, vocab] int64, odd, from a fixed seed: the same on every device and in every process."""
+    g = torch.Generator().manual_seed(_FINGERPRINT_SEED)
+    m = torch.randint(-(2**62), 2**62, (FINGERPRINT_LANES, vocab), generator=g, dtype=torch.int64)
+    return (m * 2 + 1).to(device)
+
+
+def fingerprint(rows: torch.Tensor) -> torch.Tensor:
+    """[R, vocab] float32 -> [R, lanes] int64 on the rows' device; see the module docstring."""
+    words = rows.contiguous().view(torch.int32)
+    mult = _multipliers(rows.shape[-1], rows.device)
+    out = torch.empty((rows.shape[0], FINGERPRINT_LANES), dtype=torch.int64, device=rows.device)
+    for lo in range(0, rows.shape[0], _ROWS_PER_PASS):
+        w = words[lo : lo + _ROWS_PER_PASS].to(torch.int64)  # [r, vocab]
+        for lane in range(FINGERPRINT_LANES):
+            # Integer sums wrap modulo 2**64 and do not depend on the order of the additions.
+            out[lo : lo + _ROWS_PER_PASS, lane] = (w * mult[lane]).sum(dim=-1)
+    return out
+
+
+def digest_of(lanes: np.ndarray) -> str:
+    """The sha256 hex digest of one row's fingerprint ([lanes] int64, little-endian bytes)."""
+    return hashlib.sha256(np.ascontiguousarray(lanes, dtype="<i8").tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SampledRows:
+    """Host values of one step's sampled rows, in row order."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top2: list[tuple[float, float]]
+    digests: dict[int, str]  # row -> digest, for rows that asked for one
+    full: dict[int, Any]  # row -> float32 numpy row, for rows that asked for `logits: full`
+
+
+def _gumbel(g: torch.Generator, vocab: int) -> torch.Tensor:
+    # The request's own generator draws the row: its noise does not depend on the batch.
+    u = torch.rand(vocab, generator=g, dtype=torch.float32).clamp_(1e-10, 1.0)
+    return -torch.log(-torch.log(u))  # [vocab]
+
+
+def _f32(bits: np.ndarray) -> list[float]:
+    # int64 columns holding float32 bit patterns -> Python floats (exact: float32 widens losslessly).
+    return bits.astype(np.int32).view(np.float32).tolist()  # type: ignore[no-any-return]
+
+
+def sample_rows(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> SampledRows:
+    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows)."""
+    device = logits.device
+    num_rows, vocab = logits.shape
+    scores = logits
+    drawn = [i for i, g in enumerate(generators) if g is not None]
+    if drawn:
+        gumbel = torch.stack([_gumbel(g, vocab) for g in generators if g is not None]).to(device)  # [S, vocab]
+        rows = torch.tensor(drawn, device=device)
+        temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
+        scores = logits.clone()
+        scores[rows] = logits[rows] / temperature[:, None] + gumbel
+    tokens = torch.argmax(scores, dim=-1)  # [R]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]  # [R]
+    top2 = torch.topk(logits, 2, dim=-1).values if vocab > 1 else logits[:, :1].expand(-1, 2)  # [R, 2]
+    columns = [tokens[:, None], logprobs.view(torch.int32)[:, None].long(), top2.contiguous().view(torch.int32).long()]
+    digest_rows = [i for i, s in enumerate(sampling) if s.logits == "digest"]
+    if digest_rows:
+        lanes = torch.zeros((num_rows, FINGERPRINT_LANES), dtype=torch.int64, device=device)
+        index = torch.tensor(digest_rows, device=device)
+        lanes[index] = fingerprint(logits[index])
+        columns.append(lanes)
+    host = torch.cat(columns, dim=1).cpu().numpy()  # [R, 4 (+ lanes)]: the step's one copy
+    full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
+    full: dict[int, Any] = {}
+    if full_rows:
+        copied = logits[torch.tensor(full_rows, device=device)].cpu().numpy()
+        full = {row: copied[j] for j, row in enumerate(full_rows)}
+    return SampledRows(
+        tokens=host[:, 0].tolist(),
+        logprobs=_f32(host[:, 1]),
+        top2=list(zip(_f32(host[:, 2]), _f32(host[:, 3]), strict=True)),
+        digests={i: digest_of(host[i, 4:]) for i in digest_rows},
+        full=full,
+    )
