@@ -89,7 +89,7 @@ def reports_under(root: Path) -> dict[str, dict[str, Any]]:
 def test_importing_the_plugin_loads_no_torch_engine_or_runner() -> None:
     code = ("import json, sys, oracle.pytest_plugin; print(json.dumps(sorted(m for m in sys.modules if "
             "m.split('.')[0] in ('torch', 'vllm', 'transformers', 'oracle_kernels') or "
-            "m.startswith(('oracle.engines', 'oracle.runner', 'oracle.checks')))))")
+            "m.startswith(('oracle.engines', 'oracle.runner', 'oracle.judge', 'oracle.execute')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []
 
