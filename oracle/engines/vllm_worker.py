@@ -291,7 +291,16 @@ class WorkerEngine:
 
     def _record_passes(self, step: int, tracks: dict[str, _Track]) -> None:
         for one in self.tap.take():
-            for rid, p in one.items():
+            # The pass's shape, from every request the scheduler put in it (ours and vLLM's own).
+            passes = list(one.values())
+            prefill = sum(p.num_new_tokens for p in passes if p.is_prefill)
+            shape: dict[str, Any] = {
+                "num_prefill_tokens": prefill, "num_decode_tokens": sum(p.num_new_tokens for p in passes) - prefill,
+                "max_query_len": max((p.num_new_tokens for p in passes), default=0),
+                "max_kv_len": max((p.num_computed_before + p.num_new_tokens for p in passes), default=0),
+                "has_chunked": any(p.is_prefill and not p.completes for p in passes),
+            }
+            for position, (rid, p) in enumerate(one.items()):
                 t = tracks.get(rid)
                 if t is None:
                     continue
@@ -302,7 +311,8 @@ class WorkerEngine:
                 t.out.evidence.append(StepEvidence(
                     engine_step=step, num_seqs=p.num_seqs, num_tokens=p.num_tokens, is_prefill=p.is_prefill,
                     chunked=chunked, num_cached_tokens=t.num_cached_tokens,
-                    token_index=p.num_output_tokens if p.completes else None,
+                    token_index=p.num_output_tokens if p.completes else None, seq_position=position,
+                    kv_len=p.num_computed_before + p.num_new_tokens, **shape,
                 ))
 
     def _record_tokens(self, t: _Track, o: Any) -> None:
