@@ -53,13 +53,15 @@ class RunGuard:
         self.stamp: tuple[int, int] | None = None
 
     def __enter__(self) -> RunGuard:
+        # The announcement is inside the guard too: a signal that arrives as soon as it is read still
+        # lands here, before `with` has a block whose exit would handle it.
         try:
             write_started(self.report, self.report_dir)
             self.stamp = stamp_of(self.report_dir)
+            print(f"oracle: writing the report to {self.report_dir}", flush=True)
         except BaseException as e:
             self._stopped(e)
             raise
-        print(f"oracle: writing the report to {self.report_dir}", flush=True)
         return self
 
     def __exit__(self, typ: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:

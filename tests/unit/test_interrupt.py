@@ -99,7 +99,7 @@ def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["complete"] is False and report["exit_code"] == 143
+    assert report["complete"] is False and report["exit_code"] == 143, (report["error"], err)
     assert report["error"] == "interrupted (SIGTERM)"
     for text in _formats(tmp_path / "report").values():
         assert "STALE" not in text and "partial report" in text
