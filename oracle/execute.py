@@ -74,12 +74,15 @@ class Localizer(Protocol):
 
     def can_localize(self, engine: Engine) -> bool: ...
 
-    def localize(self, engine: Engine, expected: Spec, actual: Spec) -> Any: ...
+    def localize(self, engine: Engine, expected: RunSpec, actual: RunSpec) -> Any: ...
 
 
 @dataclass(frozen=True)
-class Spec:
-    """One run to capture: requests, the target's index among them, the budget, what warms the cache first."""
+class RunSpec:
+    """One run to capture: requests, the target's index among them, the per-pass token budget.
+
+    `warm_with` runs first (uncaptured) after the prefix cache is reset: a warm-cache run.
+    """
 
     requests: tuple[Request, ...]
     target_index: int
@@ -198,10 +201,10 @@ class ModeExecution:
             chosen = [*chosen, self.shrink.smallest]
         for trial in chosen:
             requests, at = trial_requests(self.plan, trial)
-            self._localize(trial.trial_id, Spec((solo_request(self.plan, trial.target),), 0),
-                           Spec(tuple(requests), at, trial.max_num_batched_tokens))
+            self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
+                           RunSpec(tuple(requests), at, trial.max_num_batched_tokens))
 
-    def _localize(self, key: Any, expected: Spec, actual: Spec) -> None:
+    def _localize(self, key: Any, expected: RunSpec, actual: RunSpec) -> None:
         """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict."""
         if self.localizer is None or self.plan.config.checks.invariance.localize == "off":
             return
@@ -237,7 +240,7 @@ class ModeExecution:
         bad = [t for t, (cold, warm) in self.prefix.items() if first_divergence(cold, warm) is not None]
         for t in bad[:1]:
             req = solo_request(self.plan, t, "prefix")
-            self._localize(("prefix", t), Spec((req,), 0), Spec((req,), 0, warm_with=(req,)))
+            self._localize(("prefix", t), RunSpec((req,), 0), RunSpec((req,), 0, warm_with=(req,)))
 
     def _prefill_decode(self, steps: int) -> None:
         assert self.engine is not None
@@ -255,4 +258,4 @@ class ModeExecution:
             target = self.plan.targets[t]
             req = Request(f"prefill-{target.name}-{i}", target.token_ids + tuple(self.solo[t].token_ids[:i]),
                           target_sampling(self.plan.config, 1))
-            self._localize(("prefill", t, i), Spec((solo_request(self.plan, t),), 0), Spec((req,), 0))
+            self._localize(("prefill", t, i), RunSpec((solo_request(self.plan, t),), 0), RunSpec((req,), 0))

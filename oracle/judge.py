@@ -18,7 +18,7 @@ import numpy as np
 
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
-from oracle.engines.base import Completion, StepEvidence
+from oracle.engines.base import Completion, Mode, StepEvidence
 from oracle.execute import ModeResult
 from oracle.prompts import Target
 from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord
@@ -378,24 +378,34 @@ def golden(runs: Runs, requirement: str) -> Judged:
 
 
 CheckFn = Callable[[Runs, str], Judged]
-# name -> (check, the modes it needs)
-CHECKS: dict[str, tuple[CheckFn, tuple[str, ...]]] = {
-    "invariance": (invariance, ("invariant",)),
-    "repeatability": (repeatability, ()),
-    "fidelity": (fidelity, ("invariant", "production")),
-    "drift": (drift, ("production",)),
-    "negative_control": (negative_control, ()),
-    "prefill_decode": (prefill_decode, ("invariant",)),
-    "prefix_cache": (prefix_cache, ("invariant",)),
-    "golden": (golden, ("invariant",)),
+INV: tuple[Mode, ...] = ("invariant",)
+PROD: tuple[Mode, ...] = ("production",)
+BOTH: tuple[Mode, ...] = ("invariant", "production")
+# name -> (check, the modes it cannot be judged without, the modes a run must execute for it)
+CHECKS: dict[str, tuple[CheckFn, tuple[Mode, ...], tuple[Mode, ...]]] = {
+    "invariance": (invariance, INV, INV),
+    "repeatability": (repeatability, (), BOTH),
+    "fidelity": (fidelity, BOTH, BOTH),
+    "drift": (drift, PROD, PROD),
+    "negative_control": (negative_control, (), PROD),
+    "prefill_decode": (prefill_decode, INV, INV),
+    "prefix_cache": (prefix_cache, INV, INV),
+    "golden": (golden, INV, INV),
 }
+
+
+def modes_read(config: Config) -> list[Mode]:
+    """The modes the enabled checks read, in the order they run: a run executes only these."""
+    read = {m for name, (_, _, reads) in CHECKS.items()
+            if getattr(config.checks, name).requirement != "off" for m in reads}
+    return [m for m in BOTH if m in read]
 
 
 def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
     """Every enabled check whose modes ran, in table order."""
     results: list[CheckResult] = []
     divergences: list[DivergenceRecord] = []
-    for name, (check, modes) in CHECKS.items():
+    for name, (check, modes, _) in CHECKS.items():
         requirement = getattr(runs.config.checks, name).requirement
         if requirement == "off" or any(runs.mode(m) is None for m in modes):
             continue

@@ -38,6 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from oracle.compare import first_divergence
 from oracle.engines.base import Completion, Mode, Request
 from oracle.errors import EngineError
+from oracle.execute import RunSpec
 
 if TYPE_CHECKING:
     from oracle.engines.native.engine import NativeEngine
@@ -107,19 +108,6 @@ class LocalizedOp:
         elif not self.still_diverged:
             line += "; the rerun's outputs did not diverge"
         return line + (f"; {self.note}" if self.note else "")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run to capture: requests, which of them is the target, the per-pass token budget.
-
-    `warm_with` runs first (uncaptured) after the prefix cache is reset: a warm-cache run.
-    """
-
-    requests: tuple[Request, ...]
-    target_index: int
-    budget: int | None = None
-    warm_with: tuple[Request, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,12 +189,23 @@ class Report(_Model):
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def write(self, report_dir: Path) -> Path:
-        """Write `report_dir/report.json` atomically (a reader never sees half a report)."""
-        report_dir.mkdir(parents=True, exist_ok=True)
-        path = report_dir / "report.json"
-        write_atomic(path, self.to_json())
-        return path
+    def write(self, report_dir: Path, views: Sequence[Callable[[Report, Path], Any]] = (), *,
+              final: bool = True) -> Path:
+        """The views' formats, then `report_dir/report.json` (never older than they), each file atomic.
+
+        SIGINT/SIGTERM are held until all are written. `final`: the run is over (done or stopping),
+        so a signal arriving meanwhile is dropped rather than raised (raising then would make the
+        exit code disagree with the report).
+        """
+        from oracle.signals import deferred
+
+        with deferred(raise_after=not final):
+            report_dir.mkdir(parents=True, exist_ok=True)
+            for view in views:
+                view(self, report_dir)
+            path = report_dir / "report.json"
+            write_atomic(path, self.to_json())
+            return path
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -23,8 +23,8 @@ from oracle.config import Config
 from oracle.engines.base import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
-from oracle.execute import ModeExecution, ModeResult, Spec, generate
-from oracle.judge import Runs, coverage, judge
+from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
+from oracle.judge import Runs, coverage, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request
 from oracle.report import Report, TrialRecord
@@ -49,15 +49,12 @@ class OpLocalizer:
 
         return can_localize(engine.engine if isinstance(engine, GuardedEngine) else engine)
 
-    def localize(self, engine: Engine, expected: Spec, actual: Spec) -> Any:
-        from oracle.localize import RunSpec, localize_runs
+    def localize(self, engine: Engine, expected: RunSpec, actual: RunSpec) -> Any:
+        from oracle.localize import localize_runs
         from oracle.watchdog import GuardedEngine
 
-        def spec(s: Spec) -> RunSpec:
-            return RunSpec(s.requests, s.target_index, s.budget, s.warm_with)
-
         def capture(inner: Any) -> Any:
-            return localize_runs(inner, spec(expected), spec(actual))
+            return localize_runs(inner, expected, actual)
 
         # Both captured runs (and the warm-up of a warm one) on the watchdog's thread, under its limit.
         if isinstance(engine, GuardedEngine):
@@ -83,7 +80,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     build = engine_builder(plan)
     localizer = OpLocalizer()
     try:
-        for mode in modes_needed(config):
+        for mode in modes_read(config):
             execution = ModeExecution(plan, mode, observer, build, localizer)
             try:
                 execution.run()
@@ -100,32 +97,8 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         # Judge what completed, so an engine failure or a signal still leaves a useful report.
         finish(plan, results, report)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        write_report(report, out_dir, views)
+        report.write(out_dir, views)  # the views' formats, then report.json, signals held meanwhile
     return report
-
-
-def write_report(report: Report, out_dir: Path, views: Sequence[View] = ()) -> Path:
-    """The views' formats, then report.json (never older than they), with SIGINT/SIGTERM held meanwhile:
-    the run is over, so a signal arriving now must not make the exit code disagree with the report."""
-    from oracle.signals import deferred
-
-    with deferred(raise_after=False):
-        for view in views:
-            view(report, out_dir)
-        return report.write(out_dir)
-
-
-def modes_needed(config: Config) -> list[Mode]:
-    """The modes the enabled checks read (repeatability reads both), in the order they run."""
-    c = config.checks
-    on = {name for name in ("invariance", "repeatability", "fidelity", "drift", "negative_control",
-                            "prefill_decode", "prefix_cache", "golden") if getattr(c, name).requirement != "off"}
-    modes: list[Mode] = []
-    if on & {"invariance", "repeatability", "fidelity", "prefill_decode", "prefix_cache", "golden"}:
-        modes.append("invariant")
-    if on & {"repeatability", "fidelity", "drift", "negative_control"}:
-        modes.append("production")
-    return modes
 
 
 def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:

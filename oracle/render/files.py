@@ -20,7 +20,6 @@ from oracle.render.html import render_html
 from oracle.render.junit import render_junit
 from oracle.render.markdown import render_markdown
 from oracle.report import Report, write_atomic
-from oracle.signals import deferred
 
 FILES = {"json": "report.json", "junit": "junit.xml", "markdown": "summary.md", "html": "report.html"}
 STARTED = "the run started but did not finish writing its report (it was killed or is still running)"
@@ -100,15 +99,8 @@ def write_formats(report: Report, out_dir: Path) -> dict[str, Path]:
 
 
 def write_report(report: Report, out_dir: Path, *, final: bool = True) -> Path:
-    """report.json and every other format, with SIGINT/SIGTERM held until all four are written.
-
-    `final`: the run is over (done or stopping), so a signal arriving while writing is dropped
-    rather than raised (raising then would make the exit code disagree with the report).
-    report.json is written last: the formats beside it are never older than it.
-    """
-    with deferred(raise_after=not final):
-        write_formats(report, out_dir)
-        return report.write(out_dir)
+    """report.json and every other format (see `Report.write`)."""
+    return report.write(out_dir, [write_formats], final=final)
 
 
 def write_started(report: Report, out_dir: Path) -> Path:
