@@ -154,12 +154,16 @@ def _localize(args: argparse.Namespace) -> int:
     from oracle.localize import localize_from_report
     from oracle.render.console import make_console
 
-    op = localize_from_report(args.report, args.trial)
+    op = localize_from_report(args.report, args.trial, args.report.parent / "repro")
     console = make_console()
     if op is None:
         console.print(f"trial {args.trial}: no op differs for the target: it is bitwise equal to its solo run")
         return 0
-    console.print(f"trial {args.trial}: first diverging op: {op.describe()}")
+    console.print(f"trial {args.trial}: {op.describe()}")
+    if op.confirm_note:
+        console.print(f"confirmation: {op.confirm_note}")
+    if op.repro:
+        console.print(f"one-op repro: {op.repro} (python {op.repro}/repro.py)")
     return 1
 
 

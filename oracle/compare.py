@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.engines.base import Completion
+from oracle.contract import Completion
 
 
 def f32_bits(x: float) -> int:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from oracle.compare import first_divergence, step_of
-from oracle.engines.base import Completion, Engine, Mode, Request
+from oracle.contract import Completion, Engine, Mode, Request, RunSpec
 from oracle.errors import EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
@@ -75,19 +75,6 @@ class Localizer(Protocol):
     def can_localize(self, engine: Engine) -> bool: ...
 
     def localize(self, engine: Engine, expected: RunSpec, actual: RunSpec) -> Any: ...
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run to capture: requests, the target's index among them, the per-pass token budget.
-
-    `warm_with` runs first (uncaptured) after the prefix cache is reset: a warm-cache run.
-    """
-
-    requests: tuple[Request, ...]
-    target_index: int
-    budget: int | None = None
-    warm_with: tuple[Request, ...] = ()
 
 
 class ModeExecution:

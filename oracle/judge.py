@@ -18,7 +18,7 @@ import numpy as np
 
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
-from oracle.engines.base import Completion, Mode, StepEvidence
+from oracle.contract import Completion, Mode, StepEvidence
 from oracle.execute import ModeResult
 from oracle.prompts import Target
 from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord

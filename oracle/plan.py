@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oracle.config import Config
-from oracle.engines.base import Request, SamplingParams
+from oracle.contract import Request, SamplingParams
+from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.schedule import Trial, filler_tokens
 
@@ -27,10 +28,29 @@ class Plan:
 
 
 def resolve_model(config: Config) -> Path:
-    """`preset:NAME`, a checkpoint directory or a hub id, checked against the engine; ModelError otherwise."""
-    from oracle.models.resolve import resolve_for_run
+    """The model directory of a run (`preset:NAME`, a checkpoint directory or a hub id), checked against its
+    engine before anything runs; ModelError otherwise.
 
-    return resolve_for_run(config)
+    A relative directory resolves against the config's folder. Engines that only talk to a server
+    (`openai`) or are a user's own need no weights; the native engine's architecture is checked
+    from config.json here, so an unsupported model fails before the first trial.
+    """
+    from oracle.engines import check_model, needs_weights
+    from oracle.models.hub import is_hub_id
+    from oracle.models.resolve import PRESET_PREFIX
+    from oracle.models.resolve import resolve_model as resolve_spec
+
+    spec = config.model
+    if not spec.startswith(PRESET_PREFIX):
+        local = config.resolve_path(spec)
+        if local.exists() or not is_hub_id(spec):
+            spec = str(local)
+    if config.model_revision is not None and not is_hub_id(spec):
+        raise ConfigError(f"model_revision: applies to hub ids (org/name) only, not to {config.model!r}")
+    path = resolve_spec(spec, seed=config.model_seed, revision=config.model_revision,
+                         weights=needs_weights(config.engine))
+    check_model(config.engine, path)
+    return path
 
 
 def draw_seed(config: Config, seed: int | None) -> int:

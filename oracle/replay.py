@@ -12,7 +12,7 @@ from pathlib import Path
 
 from oracle.compare import Divergence, first_divergence
 from oracle.config import Config, parse_config
-from oracle.engines.base import Mode
+from oracle.contract import Mode
 from oracle.errors import ConfigError
 from oracle.report import DivergenceRecord, Report, load_report
 from oracle.schedule import Trial

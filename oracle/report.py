@@ -71,13 +71,32 @@ class LocalizedOpRecord(_Model):
     eager: bool | None = Field(default=None, description="the localizing rerun ran eagerly (no CUDA graphs or compile)")
     still_diverged: bool = Field(default=True, description="the localizing rerun still diverged")
     note: str = ""
+    status: str = Field(default="localized", description="localized (an op), kv_state (the KV cache it read "
+                        "differed), after_capture (every captured op agreed), inconclusive (module is a bound)")
+    kind: str = Field(default="out", description="out (a returned tensor), write (an argument the op wrote), "
+                      "kv_write, kv_read")
+    within: str = Field(default="", description="the custom op the named op ran inside")
+    op_class: str = Field(default="other", description="attention, matmul, norm, sampling, communication, "
+                          "kv-cache write or other")
+    confirmation: str = Field(default="not checked", description="confirmed: run alone on each run's captured "
+                              "inputs the op reproduces the difference; not reproduced alone; not checked")
+    confirm_note: str = ""
+    depends_on: dict[str, Any] = Field(default_factory=dict, description="launch quantities that differed "
+                                       "between the two calls: {name: [expected, actual]}")
+    repro: str | None = Field(default=None, description="folder of the standalone one-op repro")
 
     def describe(self) -> str:
         layer = f", layer {self.layer}" if self.layer is not None else ""
         where = f", pass {self.forward_pass}" if self.forward_pass is not None else ""
         step = f" (engine step {self.engine_step})" if self.engine_step is not None else ""
         ulp = f", {self.ulp} ULP" if self.ulp is not None else ""
-        return f"{self.module} ({self.op}){layer}{where}{step}{ulp}"
+        op = self.op + (f" inside {self.within}" if self.within else "")
+        head = {"kv_state": "KV cache read by ", "after_capture": "after the last captured op, ",
+                "inconclusive": "inconclusive, within "}.get(self.status, "")
+        tail = f", {self.op_class}, {self.confirmation}" if self.status == "localized" else ""
+        if self.depends_on:
+            tail += " (" + ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items()) + ")"
+        return f"{head}{self.module} ({op}){layer}{where}{step}{ulp}{tail}"
 
 
 class CheckResult(_Model):

@@ -20,7 +20,7 @@ from typing import Any
 
 from oracle import __version__
 from oracle.config import Config
-from oracle.engines.base import Completion, Engine, Mode
+from oracle.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
@@ -41,7 +41,11 @@ def engine_builder(plan: Plan) -> Callable[[Mode], Engine]:
 
 
 class OpLocalizer:
-    """oracle.localize behind the execute step's Localizer protocol."""
+    """oracle.localize behind the execute step's Localizer protocol; the first op it names gets `repro/`
+    (in `repro_dir`, the report folder's `repro`)."""
+
+    def __init__(self, repro_dir: Path | None = None) -> None:
+        self.repro_dir = repro_dir
 
     def can_localize(self, engine: Engine) -> bool:
         from oracle.localize import can_localize
@@ -54,7 +58,10 @@ class OpLocalizer:
         from oracle.watchdog import GuardedEngine
 
         def capture(inner: Any) -> Any:
-            return localize_runs(inner, expected, actual)
+            found = localize_runs(inner, expected, actual, self.repro_dir)
+            if found is not None and found.repro is not None:
+                self.repro_dir = None  # one repro per run: the first localized divergence's
+            return found
 
         # Both captured runs (and the warm-up of a warm one) on the watchdog's thread, under its limit.
         if isinstance(engine, GuardedEngine):
@@ -78,7 +85,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     out_dir = report_dir or Path(config.report_dir)
     results: dict[Mode, ModeResult] = {}
     build = engine_builder(plan)
-    localizer = OpLocalizer()
+    localizer = OpLocalizer(out_dir / "repro")
     try:
         for mode in modes_read(config):
             execution = ModeExecution(plan, mode, observer, build, localizer)

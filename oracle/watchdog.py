@@ -19,7 +19,7 @@ from oracle.errors import EngineError, OracleError
 
 if TYPE_CHECKING:
     from oracle.config import EngineConfig
-    from oracle.engines.base import Completion, Mode, Request
+    from oracle.contract import Completion, Mode, Request
 
 T = TypeVar("T")
 CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)

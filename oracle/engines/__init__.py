@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from oracle.config import EngineConfig
-from oracle.engines.base import Engine, Mode
+from oracle.contract import Engine, Mode
 from oracle.errors import ConfigError, EngineError, OracleError
 
 BUILTIN = ("native", "vllm", "openai", "transformers")

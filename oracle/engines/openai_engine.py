@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.engines.base import MODES, Completion, Mode, Request, StepEvidence
+from oracle.contract import MODES, Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
 
 HOST = "127.0.0.1"
@@ -147,7 +147,7 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
 
 
 class OpenAIEngine:
-    """Implements `oracle.engines.base.Engine` over an OpenAI-compatible HTTP server."""
+    """Implements `oracle.contract.Engine` over an OpenAI-compatible HTTP server."""
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from typing import Any
 import oracle_kernels
 import torch
 
-from oracle.engines.base import Completion, Mode, Request, StepEvidence
+from oracle.contract import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.engines.transformers_packed import Packing, SequenceCache, packed
 from oracle.errors import ConfigError, EngineError
@@ -54,7 +54,7 @@ class _Running:
 
 
 class TransformersEngine:
-    """Implements `oracle.engines.base.Engine` over a transformers `AutoModelForCausalLM`."""
+    """Implements `oracle.contract.Engine` over a transformers `AutoModelForCausalLM`."""
 
     def __init__(self, model: Path, mode: Mode, *, device: str = "cpu", dtype: str = "float32",
                  attn_implementation: str = "eager", num_threads: int | None = None) -> None:
@@ -178,9 +178,16 @@ class TransformersEngine:
             r.logprobs.append(float(logprobs[b, chosen[b]]))
             r.rows.append(logits[b].cpu())
 
+    def capture(self, run: Any, rows: Any) -> Completion:
+        """Run `run` with `rows` capturing each forward that holds the target (oracle.capture)."""
+        from oracle.engines.hf_capture import capture_hf
+
+        return capture_hf(self, run, rows)
+
     def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> Any:
-        """Where the target's tokens sit in this forward (oracle.localize): packed rows, else padded ones."""
-        from oracle.localize import Grid, PassLayout, hf_layout
+        """Where the target's tokens sit in this forward (oracle.capture): packed rows, else padded ones."""
+        from oracle.capture.rows import Grid, PassLayout
+        from oracle.engines.hf_capture import hf_layout
 
         if not self._pass_rows:
             return hf_layout(forward_pass, kwargs, target_index)

@@ -36,12 +36,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oracle.engines.base import MODES, Completion, Mode, Request
+from oracle.contract import MODES, Completion, Mode, Request
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:
-    from oracle.localize import LocalizedOp, RunSpec
+    from oracle.capture.rules import LocalizedOp
+    from oracle.contract import RunSpec
 
 INVARIANCE = {
     "oracle_kernels": "oracle_kernels in the worker (torch.library overrides; linear layers moved from "
@@ -58,7 +59,7 @@ def _option(name: str) -> str:
 
 
 class VllmEngine:
-    """Implements `oracle.engines.base.Engine` over a vLLM worker process."""
+    """Implements `oracle.contract.Engine` over a vLLM worker process."""
 
     def __init__(
         self,
@@ -188,25 +189,27 @@ class VllmEngine:
         result = self._live().call(("generate", list(requests), budget), self.timeout_s)
         return list(result)
 
-    def localize(self, expected: RunSpec, actual: RunSpec) -> LocalizedOp | None:
-        """Capture both runs per op in an eager worker; the first op whose target rows differ (oracle.localize).
+    def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
+        """Localize in the worker (oracle.capture): both runs captured per op, the op confirmed alone there,
+        `repro_dir` written there.
 
         CUDA graphs and torch.compile hide ops from capture, so an engine built without
         `enforce_eager` localizes in a second, eager worker started for the purpose (this one is
         stopped meanwhile, to leave it the device) and restarted after. The result says it was eager
         and whether the eager rerun still diverged.
         """
-        from oracle.localize import LocalizedOp
+        from oracle.capture.rules import LocalizedOp
 
+        msg = ("localize", expected, actual, str(repro_dir) if repro_dir is not None else None)
         if self.spec.enforce_eager:
-            found = self._live().call(("localize", expected, actual), self.timeout_s)
+            found = self._live().call(msg, self.timeout_s)
             return LocalizedOp.from_json(found) if found is not None else None
         self.close()
         try:
             eager = _Worker.start(replace(self.spec, enforce_eager=True, audit=False), self.env,
                                   self.start_timeout_s)
             try:
-                found = eager.call(("localize", expected, actual), self.timeout_s)
+                found = eager.call(msg, self.timeout_s)
             finally:
                 eager.stop()
         finally:

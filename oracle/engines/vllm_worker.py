@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.engines.base import Completion, Request, SamplingParams, StepEvidence
+from oracle.contract import Completion, Request, SamplingParams, StepEvidence
 
 _AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
 
@@ -222,17 +222,19 @@ class WorkerEngine:
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())
 
-    def localize(self, expected: Any, actual: Any) -> dict[str, Any] | None:
-        """Capture both runs (`oracle.localize.RunSpec`) per op here; the first differing op as JSON, or None.
+    def localize(self, expected: Any, actual: Any, repro_dir: str | None = None) -> dict[str, Any] | None:
+        """Localize here (`oracle.capture.localize_with`): both runs captured per op, the op confirmed
+        alone, `repro_dir` written; the finding as JSON, or None.
 
         Only meaningful with `enforce_eager`: CUDA graphs and torch.compile run ops no dispatch mode sees.
         """
-        from oracle.localize import first_differing_op
+        from pathlib import Path
+
+        from oracle.capture import localize_with
 
         with _vllm_capture(self) as capture:
-            exp = capture(expected)
-            act = capture(actual)
-        found = first_differing_op(exp, act, eager=self.spec.enforce_eager)
+            found = localize_with(capture, expected, actual, eager=self.spec.enforce_eager,
+                                  repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
         return found.to_json() if found is not None else None
 
     def generate(self, requests: Sequence[Request], budget: int | None) -> list[Completion]:
@@ -380,7 +382,7 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
     run of rows holding those positions (and its token ids); its logits row is its rank among the
     pass's sequences, which vLLM lays out in the order of their rows.
     """
-    from oracle.localize import Grid, PassLayout
+    from oracle.capture.rows import Grid, PassLayout
 
     if not engine.tap.passes:
         return None
@@ -401,6 +403,9 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
         return None  # not found, or another sequence holds the same tokens at the same positions
     first, n, c = mine[0], me.num_new_tokens, me.num_computed_before
     grids = [Grid((len(positions),), tuple((first + k,) for k in range(n)), tuple(range(c, c + n)))]
+    # Sequences are laid out in the order of the input batch, which is also their block-table row.
+    seq_index = sorted(v[0] for v in starts.values() if v).index(first) \
+        if all(len(v) == 1 for v in starts.values()) else None
     if me.completes and all(len(v) == 1 for v in starts.values()) and len(now) != len(positions):
         rank = sorted(v[0] for v in starts.values()).index(first)
         grids.append(Grid((len(now),), ((rank,),), (c + n - 1,)))
@@ -410,23 +415,25 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
                 "num_decode_tokens": sum(p.num_new_tokens for p in now.values() if not p.is_prefill),
                 "target_num_tokens": n, "target_is_prefill": me.is_prefill,
                 "target_kv_len": c + n, "enforce_eager": engine.spec.enforce_eager}
-    return PassLayout(forward_pass, step, tuple(grids), evidence)
+    block_size = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
+    return PassLayout(forward_pass, step, tuple(grids), evidence, seq_index=seq_index, kv_len=c + n,
+                      block_size=getattr(block_size, "block_size", None))
 
 
 @contextlib.contextmanager
 def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
-    """Yields `capture(run) -> Captured`: hooks on every module of vLLM's model name the scope; the
-    model's forward opens a pass that stays open through the step (vLLM computes logits after it)."""
+    """Yields `capture(run, rows) -> Completion`: hooks on every module of vLLM's model name the scope;
+    the model's forward opens a pass that stays open through the step (vLLM computes logits after it)."""
     import itertools
 
     import torch
 
-    from oracle.localize import Captured, RowCapture, RunSpec
+    from oracle.capture.rows import RowCapture
+    from oracle.contract import RunSpec
 
     model = _find_model(engine)
     stack: list[str] = []
-    state: dict[str, Any] = {"target": None, "step": 0, "open": None, "counter": itertools.count()}
-    capture = RowCapture(lambda: stack[-1] if stack else "")
+    state: dict[str, Any] = {"target": None, "step": 0, "open": None, "counter": itertools.count(), "rows": None}
 
     def close_pass() -> None:
         if state["open"] is not None:
@@ -438,11 +445,12 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
         named = dict(zip(("input_ids", "positions"), args, strict=False)) | kwargs
         rid = engine.internal_ids.get(state["target"])  # set when the request was added, before its first pass
         layout = _vllm_layout(engine, next(state["counter"]), state["step"], named, rid) if rid else None
-        if layout is None:
+        rows: RowCapture | None = state["rows"]
+        if layout is None or rows is None:
             return
         exits = contextlib.ExitStack()
-        ids = named.get("input_ids")
-        exits.enter_context(capture.forward_pass(layout, (ids,) if isinstance(ids, torch.Tensor) else ()))
+        inputs = [t for t in (named.get("input_ids"), named.get("positions")) if isinstance(t, torch.Tensor)]
+        exits.enter_context(rows.forward_pass(layout, inputs))
         state["open"] = exits
 
     def push(name: str) -> Any:
@@ -466,19 +474,22 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
             close_pass()
             state["step"] += 1
 
-    def run(spec: RunSpec) -> Captured:
+    def run(spec: RunSpec, rows: RowCapture) -> Completion:
         state["target"] = None  # nothing is captured while the cache is warmed
+        state["rows"] = None
         if engine.spec.enable_prefix_caching:
             engine.engine.reset_prefix_cache()
         if spec.warm_with:
             engine.generate(list(spec.warm_with), None)
-        capture.calls.clear()
-        capture.passes.clear()
-        state["step"] = 0
-        state["counter"] = itertools.count()
-        state["target"] = spec.requests[spec.target_index].request_id
-        out = engine.generate(list(spec.requests), spec.budget)
-        return Captured(tuple(capture.calls), tuple(capture.passes), out[spec.target_index])
+        rows.module_path = lambda: stack[-1] if stack else ""
+        state.update(step=0, counter=itertools.count(), rows=rows,
+                     target=spec.requests[spec.target_index].request_id)
+        try:
+            out = engine.generate(list(spec.requests), spec.budget)
+        finally:
+            close_pass()
+            state["rows"] = None
+        return out[spec.target_index]
 
     engine.engine.step = step
     try:
@@ -525,7 +536,7 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
             if op == "generate":
                 result: Any = engine.generate(msg[1], msg[2])
             elif op == "localize":
-                result = engine.localize(msg[1], msg[2])
+                result = engine.localize(*msg[1:])
             elif op == "reset_prefix_cache":
                 result = engine.reset_prefix_cache()
             else:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from oracle.models.checkpoint import checkpoint_problem, is_checkpoint_dir
 from oracle.models.presets import PRESETS, ModelPreset, get_preset
-from oracle.models.resolve import PRESET_PREFIX, checkpoint_problem, is_checkpoint_dir, resolve_model
+from oracle.models.resolve import PRESET_PREFIX, resolve_model
 
 if TYPE_CHECKING:
     from oracle.models.cache import cached_model_dir, default_cache_dir, ensure_model

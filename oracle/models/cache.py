@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from oracle.errors import ModelError
+from oracle.models.checkpoint import is_checkpoint_dir
 from oracle.models.make import (
     as_preset,
     check_seed,
@@ -17,7 +18,6 @@ from oracle.models.make import (
     write_checkpoint,
 )
 from oracle.models.presets import ModelPreset
-from oracle.models.resolve import is_checkpoint_dir
 
 
 def default_cache_dir() -> Path:

@@ -9,17 +9,11 @@ import pytest
 from planted import PlantedEngine
 
 from oracle.compare import first_divergence
-from oracle.engines.base import Request, SamplingParams
+from oracle.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
-from oracle.localize import (
-    LocalizedOp,
-    RunSpec,
-    capture_run,
-    first_differing_op,
-    localize_runs,
-    localize_trial,
-)
+from oracle.capture import capture_run, localize_captured
+from oracle.localize import LocalizedOp, RunSpec, localize_runs, localize_trial
 
 SAMPLING = SamplingParams(max_tokens=4, logits="full")
 RNG = random.Random(3)
@@ -94,7 +88,7 @@ def test_chunked_prefill_rows_align_by_position(decoder: Decoder) -> None:
     engine = planted(decoder, min_tokens=10_000)
     # The filler ahead of it takes 30 of the 40-token budget: the target's prompt runs in 10 + 14 tokens.
     solo, trial = RunSpec((target(),), 0), RunSpec((*fillers()[:1], target()), 1, 40)
-    expected, actual = capture_run(engine, solo), capture_run(engine, trial)
+    expected, actual = capture_run(engine.capture, solo), capture_run(engine.capture, trial)
     assert [p.evidence["target_num_tokens"] for p in actual.passes[:2]] == [10, 14]
     assert actual.passes[0].evidence["target_chunked"] and not expected.passes[0].evidence["target_chunked"]
     # Every prompt position of the chunked run found its row in the unchunked one, all bitwise equal.
@@ -102,7 +96,7 @@ def test_chunked_prefill_rows_align_by_position(decoder: Decoder) -> None:
     down = [c for c in actual.calls if c.key == (DOWN_PROJ, "aten.mm.default", 0)]
     assert sorted(p for c in down for p in c.positions)[: len(TARGET)] == list(range(len(TARGET)))
     assert all((c.key, p) in at for c in down for p in c.positions)
-    assert first_differing_op(expected, actual) is None
+    assert localize_captured(expected, actual).op is None
 
 
 def test_chunked_target_localized_to_its_first_chunk(decoder: Decoder) -> None:

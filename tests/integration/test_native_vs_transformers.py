@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oracle.engines.base import Request, SamplingParams
+from oracle.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 
 transformers = pytest.importorskip("transformers")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from oracle.engines.base import Request, SamplingParams
+from oracle.contract import Request, SamplingParams
 
 N = 256
 

@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
 from oracle.config import parse_config  # noqa: E402
-from oracle.engines.base import Request, SamplingParams  # noqa: E402
+from oracle.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.native import NativeEngine  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
 from oracle.errors import ConfigError, EngineError  # noqa: E402

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.engines.base import Completion, Mode, Request
+from oracle.contract import Completion, Mode, Request
 from oracle.engines.native import NativeEngine
 
 

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from oracle.engines.base import Completion
-from oracle.localize import Captured, Grid, LocalizedOp, OpCall, PassLayout, RowCapture, first_differing_op
+from oracle.contract import Completion
+from collections.abc import Callable
+
+from oracle.capture import Captured, Grid, LocalizedOp, OpCall, PassLayout, RowCapture, localize_captured
 
 DONE = Completion("t", [1], [0.0])
+
+
+def first_differing_op(expected: Captured, actual: Captured) -> LocalizedOp | None:
+    return localize_captured(expected, actual).op
+
+
+def row_capture(module_path: Callable[[], str]) -> RowCapture:
+    capture = RowCapture()
+    capture.module_path = module_path
+    return capture
 
 
 def call(index: int, key: tuple[str, str, int], positions: tuple[int, ...], rows: list[list[float]],
@@ -76,7 +88,7 @@ def test_describe_and_json_round_trip() -> None:
 def test_capture_keeps_only_the_targets_rows_of_token_aligned_outputs() -> None:
     # A pass of 5 flattened tokens; the target holds rows 2-3 at positions 7-8.
     path = ["model.layers.0.mlp.up_proj"]
-    capture = RowCapture(lambda: path[-1])
+    capture = row_capture(lambda: path[-1])
     ids = torch.arange(5)
     weight = torch.randn(5, 5)  # as many rows as tokens, but not derived from the tokens
     layout = PassLayout(0, 0, (Grid((5,), ((2,), (3,)), (7, 8)),), {})
@@ -99,15 +111,20 @@ def _write_rows(x: torch.Tensor, out: torch.Tensor) -> None:
 
 def test_an_op_that_writes_its_output_argument_is_captured() -> None:
     # vLLM's attention writes into a preallocated `output` and returns nothing.
-    capture = RowCapture(lambda: "model.layers.0.self_attn.attn")
+    capture = row_capture(lambda: "model.layers.0.self_attn.attn")
     ids = torch.arange(4)
     layout = PassLayout(0, 0, (Grid((4,), ((1,),), (5,)),), {})
     with capture.forward_pass(layout, (ids,)):
         x = ids.to(torch.float32)  # [4], recorded
         out = torch.empty(4)
         _write_rows(x, out)
-    assert [c.key[1] for c in capture.calls] == ["input", "aten._to_copy.default", "oracle_test.write_rows.default"]
-    assert capture.calls[2].rows.tolist() == [2.0]
+    # The wrapper returns nothing, so it is entered: the ops inside it are captured one level deeper.
+    assert [c.key[1] for c in capture.calls] == ["input", "aten._to_copy.default", "aten.mul.Tensor",
+                                                 "aten.copy_.default", "oracle_test.write_rows.default"]
+    inner, outer = capture.calls[3], capture.calls[4]
+    assert (inner.depth, inner.within, inner.kind) == (1, "oracle_test.write_rows.default", "write")
+    assert (outer.depth, outer.kind) == (0, "write") and outer.rows.tolist() == [2.0]
+    assert inner.key in outer.inputs  # what the wrapper wrote came from the ops inside it
 
 
 def test_vllm_rows_are_found_by_position_and_token() -> None:

@@ -16,7 +16,7 @@ from oracle.config import parse_config
 from oracle.errors import ConfigError, ModelError
 from oracle.models import make_model, resolve_model
 from oracle.models.hub import is_hub_id
-from oracle.models.resolve import resolve_for_run
+from oracle.plan import resolve_model as resolve_for_run
 
 pytest.importorskip("huggingface_hub")
 

@@ -16,12 +16,12 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import oracle_kernels
 import torch
 
-from oracle.engines.base import Completion, Mode, Request, StepEvidence
+from oracle.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
@@ -29,6 +29,9 @@ from oracle.engines.native.sampler import SampledRows, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oracle.capture.rows import RowCapture
 
 
 def num_kv_splits_for(num_seqs: int, max_splits: int = 8, target_parallelism: int = 16) -> int:
@@ -83,7 +86,7 @@ def pass_evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list
 
 
 class NativeEngine:
-    """Implements `oracle.engines.base.Engine` in this process."""
+    """Implements `oracle.contract.Engine` in this process."""
 
     def __init__(
         self,
@@ -116,8 +119,8 @@ class NativeEngine:
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
         self._allocator = BlockAllocator(0, block_size)
-        # Per-op capture (oracle.localize): called with each pass's step, batch and inputs; wraps its forward.
-        self.capture: Callable[[int, list[ScheduledSeq], StepInputs], contextlib.AbstractContextManager[None]] | None = None
+        # Per-op capture (oracle.capture): called with each pass's step, batch and inputs; wraps its forward.
+        self.pass_hook: Callable[[int, list[ScheduledSeq], StepInputs], contextlib.AbstractContextManager[None]] | None = None
         # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
         if cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
@@ -165,6 +168,12 @@ class NativeEngine:
             yield
         finally:
             torch.set_num_threads(before)
+
+    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
+        """Run `run` with `rows` capturing each pass that holds the target, eagerly (oracle.capture)."""
+        from oracle.engines.native.capture import capture_native
+
+        return capture_native(self, run, rows)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
@@ -249,11 +258,11 @@ class NativeEngine:
     def _forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
         """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager.
 
-        Under per-op capture (oracle.localize) every pass runs eagerly, inside the capture's context.
+        Under per-op capture (oracle.capture) every pass runs eagerly, inside the capture's context.
         """
-        if self.capture is not None:
+        if self.pass_hook is not None:
             inputs = self._prepare(batch)
-            with self.capture(step, batch, inputs):
+            with self.pass_hook(step, batch, inputs):
                 return self.decoder.forward(inputs, self._kv)
         if self.cuda_graphs and all(item.num_new_tokens == 1 and item.completes for item in batch):
             graphs = self._decode_graphs()

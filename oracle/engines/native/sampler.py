@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from oracle.engines.base import SamplingParams
+from oracle.contract import SamplingParams
 
 FINGERPRINT_LANES = 4
 _FINGERPRINT_SEED = 0x5EED_D16E

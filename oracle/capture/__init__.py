@@ -1,0 +1,97 @@
+"""Localization below the engines: per-op capture (torch only), the rule, confirmation, the repro.
+
+An engine that runs its model in our process (or in its worker) implements one method,
+`capture(run: RunSpec, rows: RowCapture) -> Completion`: it runs `run` with `rows` active on each
+forward pass it makes for the target (see `oracle.contract.Capturable`). `localize_with` does the
+rest for any engine: both runs captured, the rule applied, the named op run again alone on each
+run's captured inputs (confirmation), and `repro/` written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from oracle.capture.rows import Captured, Grid, OpCall, PassLayout, RowCapture, Snapshot, select_rows
+from oracle.capture.rules import Finding, LocalizedOp, bitwise_equal, localize_captured, ulp_distance
+from oracle.contract import Completion, RunSpec
+
+__all__ = ["Captured", "Finding", "Grid", "LocalizedOp", "OpCall", "PassLayout", "RowCapture", "Snapshot",
+           "localize_captured", "localize_with", "select_rows"]
+
+CaptureFn = Callable[[RunSpec, RowCapture], Completion]
+
+
+def capture_run(capture: CaptureFn, spec: RunSpec, rows: RowCapture | None = None) -> Captured:
+    rows = rows or RowCapture()
+    with torch.no_grad():
+        completion = capture(spec, rows)
+    return Captured(tuple(rows.calls), tuple(rows.passes), completion, rows.snapshot)
+
+
+def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eager: bool | None = None,
+                  repro_dir: Path | None = None, imports: Sequence[str] = ()) -> LocalizedOp | None:
+    """Capture both runs with `capture`, name the op (or the cache, or a bound), confirm it, write repro/."""
+    exp = capture_run(capture, expected)
+    act = capture_run(capture, actual)
+    prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
+    finding = localize_captured(exp, act, eager=eager, target_prompt_len=prompt_len)
+    if finding.op is None or finding.op.status != "localized" or finding.actual_call is None:
+        return finding.op
+    del exp, act
+    return confirm_alone(capture, expected, actual, finding, repro_dir, imports)
+
+
+def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, finding: Finding, repro_dir: Path | None,
+            imports: Sequence[str] = ()) -> LocalizedOp:
+    """Run the named op alone on the inputs it got in each run (captured again, whole) and compare the target's rows."""
+    from oracle.capture.confirm import differing_quantities, launch_quantities, run_alone
+    from oracle.capture.repro import write_repro
+
+    op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
+    assert op is not None and a_call is not None
+    if e_call is None:
+        return replace(op, confirmation="not checked", confirm_note="the op did not run in the solo run")
+    e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key)))
+    a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key)))
+    if e.snapshot is None or a.snapshot is None:
+        return replace(op, confirmation="not checked",
+                       confirm_note="the op's inputs were not captured again in the rerun")
+    depends = differing_quantities(launch_quantities(e.snapshot), launch_quantities(a.snapshot))
+    try:
+        alone_e = run_alone(e.snapshot, e_call.grid)
+        alone_a = run_alone(a.snapshot, a_call.grid)
+    except Exception as err:  # an op that needs its engine's context (a forward context, a stream) to run
+        return replace(op, confirmation="not checked", depends_on=depends,
+                       confirm_note=f"the op could not run alone: {type(err).__name__}: {err}")
+    differing = [p for p in op.positions if p in alone_e and p in alone_a
+                 and bitwise_equal(alone_e[p], alone_a[p]) is False]
+    if differing:
+        ulps = [u for p in differing if (u := ulp_distance(alone_e[p], alone_a[p])) is not None]
+        same_bits = all(bitwise_equal(alone_a[p], a_call.rows[i]) is not False
+                        for i, p in enumerate(a_call.positions) if p in alone_a)
+        note = (f"run alone on each run's captured inputs, positions {_ranges(differing)} differ"
+                + (f" by up to {max(ulps)} ULP" if ulps else "")
+                + ("" if same_bits else "; run alone, the failing inputs gave other bits than in the engine"))
+        status = "confirmed"
+    else:
+        note = ("run alone on each run's captured inputs the op gives the target equal bits: the difference came "
+                "from state it does not take as an input (a workspace, a cache, a stream)")
+        status = "not reproduced alone"
+    op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
+    if repro_dir is not None:
+        try:
+            path = write_repro(repro_dir, op.to_json(), e.snapshot, a.snapshot, (e_call.grid, a_call.grid), imports)
+            op = replace(op, repro=str(path))
+        except OSError as err:
+            op = replace(op, confirm_note=f"{op.confirm_note}; repro/ not written: {err}")
+    return op
+
+
+def _ranges(positions: Sequence[int]) -> str:
+    from oracle.capture.rules import _ranges as ranges
+
+    return ranges(positions)

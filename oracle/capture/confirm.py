@@ -1,0 +1,107 @@
+"""Confirm a named op by itself: run it again, alone, on the inputs it got in each run.
+
+`clone_inputs` copies an op call's inputs before it runs (same shapes, dtypes and strides; a paged
+KV cache cut down to the blocks its block table names, the table renumbered to match, so a
+40 GB cache costs only the blocks the call reads). `run_alone` calls the op on such a copy and
+returns the target's rows of the result the capture compared. If the two runs' copies, run alone,
+still give the target different bits, the op is `confirmed`; if not, the difference came from
+state the op does not take as input (a workspace, a cache, a stream), and the report says so.
+
+Also here: the op's class (attention, matmul, norm, sampling, communication, kv-cache) and the
+batch-wide quantities its launch could have keyed a configuration on (packed query length,
+number of KV splits, M of a matmul), read from the call's arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from oracle.capture.copies import clone_inputs
+from oracle.capture.rows import Snapshot, named_args, select_rows
+
+
+def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> torch.Tensor | None:
+    """The tensor the captured rows came from, after the op ran on (`args`, `kwargs`)."""
+    where, _, which = snap.result.partition(":")
+    if where == "arg":
+        named = named_args(snap.func, args, kwargs)
+        name, _, idx = which.partition(".")
+        value = named.get(name)
+        if idx and isinstance(value, (list, tuple)):
+            value = value[int(idx)]
+        return value if isinstance(value, torch.Tensor) else None
+    returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    j = int(which)
+    return returned[j] if j < len(returned) else None
+
+
+def run_alone(snap: Snapshot, grid: int) -> dict[int, torch.Tensor]:
+    """Run the snapshot's op once more on a fresh copy of its inputs: the target's rows by position."""
+    args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
+    with torch.no_grad():
+        out = snap.func(*args, **kwargs)
+    if any(t.is_cuda for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)):
+        torch.cuda.synchronize()
+    t = result_tensor(snap, args, kwargs, out)
+    g = snap.layout.grids[grid]
+    rows = select_rows(t, g) if t is not None else None
+    if rows is None:
+        return {}
+    return {pos: rows[i].detach().cpu() for i, pos in enumerate(g.positions)}
+
+
+_CLASSES = (
+    ("communication", ("all_reduce", "allreduce", "all_gather", "reduce_scatter", "nccl", "broadcast")),
+    ("kv-cache write", ("reshape_and_cache", "index_put", "kv_cache", "cache_write")),
+    ("attention", ("attention", "attn", "flash", "fa3", "fwd", "sdpa", "paged")),
+    ("matmul", ("mm", "matmul", "linear", "gemm", "bmm", "_proj", "lm_head")),
+    ("norm", ("norm",)),
+    ("sampling", ("sample", "argmax", "topk", "top_k", "multinomial", "gumbel", "log_softmax", "logits")),
+)
+
+
+def op_class(module: str, op: str) -> str:
+    """attention, matmul, norm, sampling, communication, kv-cache write, or other: by the op, then its module."""
+    for text in (op.lower(), module.lower()):
+        for name, words in _CLASSES:
+            if any(w in text for w in words):
+                return name
+    return "other"
+
+
+_QUANTITIES = ("max_seqlen_q", "max_seqlen_k", "num_splits", "num_kv_splits", "cu_seqlens_q", "query_start_loc",
+               "seqused_k", "seq_lens", "block_table", "block_tables", "page_table", "scheduler_metadata")
+
+
+def launch_quantities(snap: Snapshot) -> dict[str, Any]:
+    """Batch-wide numbers the call's kernel could have chosen its configuration by (JSON-able)."""
+    named = named_args(snap.func, snap.args, snap.kwargs)
+    q: dict[str, Any] = {}
+    tensors = [t for t in tree_flatten((snap.args, snap.kwargs))[0] if isinstance(t, torch.Tensor)]
+    first = next((t for t in tensors if t.is_floating_point()), None)
+    if first is not None and first.dim() >= 1:
+        q["rows"] = int(first.shape[0])  # packed query length, or M of a matmul
+    for name in _QUANTITIES:
+        v = named.get(name)
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, (int, float)):
+            q[name] = v
+        elif isinstance(v, torch.Tensor) and v.dim() == 1 and not v.is_floating_point():
+            q[f"{name}.len"] = int(v.shape[0])
+            if name in ("cu_seqlens_q", "query_start_loc") and v.numel():
+                q["num_seqs"] = int(v.shape[0]) - 1
+                q["packed_query_len"] = int(v[-1].item())
+        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+            q[f"{name}.shape"] = list(v.shape)
+    return q
+
+
+def differing_quantities(expected: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
+    """The launch quantities whose values differ between the two calls: {name: [expected, actual]}."""
+    return {k: [expected.get(k), actual.get(k)] for k in sorted(set(expected) | set(actual))
+            if expected.get(k) != actual.get(k)}

@@ -1,0 +1,73 @@
+"""Copies of an op call's inputs, taken before it runs: to run it again alone, or write it to repro/.
+
+Same shapes, dtypes, strides and device; a paged KV cache is cut down to the blocks the call's
+block table names (the table renumbered to match), so a 40 GB cache costs only what the call reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+BLOCK_TABLE_ARGS = ("block_table", "block_tables", "page_table")
+
+
+def named_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An op call's arguments by their schema names."""
+    return dict(zip((a.name for a in func._schema.arguments), args, strict=False)) | dict(kwargs)
+
+
+# A copy larger than this is refused: confirming must not take the device's memory.
+MAX_COPY_BYTES = 4 << 30
+
+
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy with the same shape, dtype, strides and device (overlapping strides: a dense copy)."""
+    try:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    except RuntimeError:
+        return t.clone()
+
+
+def _compacted(named: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Replacements for a paged call's block table and caches: only the blocks the table names."""
+    table = next((named[n] for n in BLOCK_TABLE_ARGS if isinstance(named.get(n), torch.Tensor)), None)
+    if table is None or table.dim() != 2 or table.is_floating_point() or not table.numel():
+        return {}
+    top = int(table.max().item())
+    caches = {a: t for a, t in named.items() if isinstance(t, torch.Tensor) and t is not table
+              and t.is_floating_point() and t.dim() >= 3 and t.shape[0] > top}
+    if not caches:
+        return {}
+    num_blocks = next(iter(caches.values())).shape[0]
+    used = torch.unique(table[table >= 0]).long()
+    lut = torch.zeros(num_blocks, dtype=table.dtype, device=table.device)
+    lut[used] = torch.arange(used.numel(), dtype=table.dtype, device=table.device)
+    renumbered = torch.where(table >= 0, lut[table.clamp(min=0).long()], table)
+    name = next(n for n in BLOCK_TABLE_ARGS if named.get(n) is table)
+    out = {name: _clone(renumbered)}
+    for a, t in caches.items():
+        if t.shape[0] == num_blocks:
+            out[a] = t.index_select(0, used.to(t.device)).contiguous()
+    return out
+
+
+def clone_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Copies of an op call's arguments, taken before it runs; RuntimeError when too large to copy."""
+    named = named_args(func, args, kwargs)
+    replaced = _compacted(named)
+    by_id = {id(named[a]): t for a, t in replaced.items()}
+    size = sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs))[0]
+               if isinstance(t, torch.Tensor) and id(t) not in by_id)
+    if size > MAX_COPY_BYTES:
+        raise RuntimeError(f"{size / 2**30:.1f} GiB of inputs, over the {MAX_COPY_BYTES >> 30} GiB limit")
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return by_id[id(x)] if id(x) in by_id else _clone(x)
+        return x
+
+    return tuple(tree_map(copy, list(args))), {k: tree_map(copy, v) for k, v in kwargs.items()}

@@ -1,0 +1,416 @@
+"""Per-op capture of one target's rows: a `TorchDispatchMode` that sees every op of a forward pass.
+
+An engine opens each forward pass with `RowCapture.forward_pass(layout, inputs)`, saying where the
+target's tokens sit in it (`PassLayout`); inside, every op whose inputs derive from the pass's token
+inputs (tracked by tensor identity, so weights and caches never match by accident) has the target's
+rows of its results copied to the CPU, keyed by (module path, op, occurrence of that op in that
+module within the pass) and token position, so two runs line up by position however the prompt
+was chunked.
+
+What counts as an op's result (and what does not):
+- its returned tensors, and every argument its schema says it writes (`(a!)`: `out=` variants,
+  in-place ops, custom ops such as vLLM's `unified_attention_with_output` or `_C.rms_norm(out, ..)`),
+  read after the op ran; a write into a slice of a row-aligned tensor records that tensor;
+- never the contents of a fresh allocation (`empty`, `empty_like`, `new_empty`, `resize_`, ...): it
+  holds no value until something writes it;
+- writes into the KV cache (`kv_write`: a written tensor indexed by a row-aligned slot mapping) and
+  what attention reads back from it (`kv_read`: the target's cached positions through its block
+  table, before the op runs), each keyed by token position.
+A custom op that returns nothing (it writes its outputs, as vLLM's attention wrappers do) is entered:
+the ops it calls are captured too, one level deeper, so the kernel inside is what can be named.
+Equality is decided later, bitwise, by `oracle.capture.rules`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from oracle.capture.copies import BLOCK_TABLE_ARGS, clone_inputs, named_args
+from oracle.contract import Completion
+
+# (module path, op label, occurrence of that op in that module within its pass)
+OpKey = tuple[str, str, int]
+
+# Ops whose output is storage without a value.
+ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                        "new_empty_strided", "resize_", "resize_as_"})
+# In-place ops that overwrite `self` without reading it.
+OVERWRITERS = frozenset({"copy_", "fill_", "zero_", "index_copy_"})
+LEAF_NAMESPACES = ("aten", "prims", "prim")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A token layout of a pass and where the target's tokens sit in it.
+
+    `shape` is `(T,)` for a flattened layout (rows along dim 0) or `(B, S)` for a batch of
+    sequences; `rows[i]` indexes into it (a 1- or 2-tuple) and holds token `positions[i]`.
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """One forward pass as the capture sees it.
+
+    `grids` are tried in order (the first that fits a tensor's shape wins); `seq_index` is the
+    target's sequence among the pass's (its block-table row), `kv_len` the number of positions it
+    attends to, `block_size` the KV cache's, when the engine knows them (for `kv_read`).
+    """
+
+    forward_pass: int
+    engine_step: int | None
+    grids: tuple[Grid, ...]
+    evidence: dict[str, Any]
+    seq_index: int | None = None
+    kv_len: int | None = None
+    block_size: int | None = None
+
+
+@dataclass
+class OpCall:
+    """One captured result of an op call: the target's rows of it, in execution order.
+
+    `kind`: "out" (a returned tensor), "write" (an argument the op wrote), "kv_write" (rows it wrote
+    into a cache by slot), "kv_read" (the target's cached rows an attention op was about to read).
+    `inputs`: the producers of its row-aligned inputs; `overwritten_by`: set when a later op replaced
+    this result wholesale before anything read it; `depth`: 1 inside an entered custom op, named
+    by `within`; `grid`: which of the pass's grids the rows were taken on.
+    """
+
+    index: int
+    forward_pass: int
+    key: OpKey
+    positions: tuple[int, ...]
+    rows: torch.Tensor  # [n, *row_shape], on the CPU
+    shape: tuple[int, ...]
+    inputs: tuple[OpKey, ...]
+    kind: str = "out"
+    depth: int = 0
+    within: str = ""
+    grid: int = 0
+    overwritten_by: OpKey | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The full inputs of one op call, cloned before it ran: enough to run it again, alone."""
+
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    result: str  # "return:J" or "arg:NAME": where the captured rows came from
+    layout: PassLayout
+
+
+@dataclass(frozen=True)
+class Captured:
+    """Everything one captured run produced."""
+
+    calls: tuple[OpCall, ...]
+    passes: tuple[PassLayout, ...]
+    completion: Completion
+    snapshot: Snapshot | None = None
+
+    def rows_at(self) -> dict[tuple[OpKey, int], tuple[OpCall, int]]:
+        """(op key, position) -> (the call, its row index): where to find each position's row."""
+        index: dict[tuple[OpKey, int], tuple[OpCall, int]] = {}
+        for call in self.calls:
+            for i, pos in enumerate(call.positions):
+                index.setdefault((call.key, pos), (call, i))
+        return index
+
+
+def select_rows(t: torch.Tensor, grid: Grid) -> torch.Tensor | None:
+    """The target's rows of `t` as [n, ...], or None when `t` is not laid out on `grid`."""
+    if t.dim() == 0 or not grid.rows:
+        return None
+    if len(grid.shape) == 1:
+        if t.shape[0] != grid.shape[0]:
+            return None
+        first, last = grid.rows[0][0], grid.rows[-1][0]
+        if last - first == len(grid.rows) - 1:  # a sequence's tokens are contiguous in the flattened layout
+            return t.narrow(0, first, len(grid.rows))
+        return t.index_select(0, torch.tensor([r[0] for r in grid.rows], device=t.device))
+    b_size, s_size = grid.shape
+    if t.dim() < 2 or t.shape[0] != b_size:
+        return None
+    on_dim1 = t.shape[1] == s_size
+    on_dim2 = t.dim() >= 4 and t.shape[2] == s_size  # [B, H, S, ...] inside attention
+    if on_dim1 == on_dim2:  # neither, or ambiguous (H == S)
+        return None
+    dim = 1 if on_dim1 else 2
+    return torch.stack([t[b].select(dim - 1, s) for b, s in grid.rows])
+
+
+def fits(t: torch.Tensor, layout: PassLayout) -> bool:
+    for g in layout.grids:
+        if len(g.shape) == 1 and t.dim() > 0 and t.shape[0] == g.shape[0]:
+            return True
+        if len(g.shape) == 2 and t.dim() >= 2 and t.shape[0] == g.shape[0] and g.shape[1] in tuple(t.shape[1:3]):
+            return True
+    return False
+
+
+def op_base_name(func: Any) -> str:
+    """`aten::empty_like` -> `empty_like`."""
+    return str(func._schema.name).split("::")[-1]
+
+
+def written_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors the op writes, by argument name (schema alias `(a!)`), including lists of them."""
+    named = named_args(func, args, kwargs)
+    out: list[tuple[str, torch.Tensor]] = []
+    for a in func._schema.arguments:
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = named.get(a.name)
+        if isinstance(value, torch.Tensor):
+            out.append((a.name, value))
+        elif isinstance(value, (list, tuple)):
+            out.extend((f"{a.name}.{i}", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
+    return out
+
+
+def _reads_written(func: Any, arg: str) -> bool:
+    """Whether the op reads the old value of a written argument (in-place `self`), or only writes it."""
+    return arg == "self" and op_base_name(func) not in OVERWRITERS and not arg.startswith("out")
+
+
+class RowCapture(TorchDispatchMode):
+    """Records the target's rows of every row-aligned op result while a pass is active.
+
+    `module_path()` names the innermost module the model is in (set by the engine's capture, from
+    a scope stack or module hooks). With `snapshot_at=(forward_pass, key)` the full inputs of that
+    one call are cloned before it runs (`Snapshot`), to run it again alone.
+    """
+
+    def __init__(self, snapshot_at: tuple[int, OpKey] | None = None) -> None:
+        super().__init__()
+        self.module_path: Callable[[], str] = lambda: ""
+        self.calls: list[OpCall] = []
+        self.passes: list[PassLayout] = []
+        self.snapshot_at = snapshot_at
+        self.snapshot: Snapshot | None = None
+        self.snapshot_note = ""
+        self._layout: PassLayout | None = None
+        self._producer: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> OpKey of what made it
+        self._last_call: dict[OpKey, OpCall] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._within: list[str] = []
+        self._inner: list[list[OpKey]] = []  # keys recorded inside each entered op, innermost last
+
+    def reset(self) -> None:
+        """Forget what was captured (a warm-up run is not part of the captured run)."""
+        self.calls.clear()
+        self.passes.clear()
+
+    @contextlib.contextmanager
+    def forward_pass(self, layout: PassLayout, inputs: Sequence[torch.Tensor]) -> Iterator[None]:
+        """Capture one pass; `inputs` are its token-aligned inputs (ids, positions, slots): rows start there."""
+        self._layout = layout
+        self._counts = {}
+        self._last_call = {}
+        self.passes.append(layout)
+        for t in inputs:
+            self._record(("", "input", self._count("", "input")), t, (), "out")
+        try:
+            with self:
+                yield
+        finally:
+            self._layout = None
+
+    def _count(self, module: str, op: str) -> int:
+        n = self._counts.get((module, op), 0)
+        self._counts[(module, op)] = n + 1
+        return n
+
+    def _record(self, key: OpKey, t: torch.Tensor, inputs: tuple[OpKey, ...], kind: str) -> bool:
+        assert self._layout is not None
+        for g, grid in enumerate(self._layout.grids):
+            rows = select_rows(t, grid)
+            if rows is not None:
+                self._add(OpCall(len(self.calls), self._layout.forward_pass, key, grid.positions,
+                                 rows.detach().to("cpu", copy=True), tuple(t.shape), inputs, kind,
+                                 len(self._within), self._within[-1] if self._within else "", g))
+                self._producer[t] = key
+                return True
+        return False
+
+    def _add(self, call: OpCall) -> None:
+        self.calls.append(call)
+        self._last_call[call.key] = call
+        for keys in self._inner:
+            keys.append(call.key)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        layout = self._layout
+        if layout is None:
+            return func(*args, **kwargs)
+        module = self.module_path()
+        name = str(func)
+        occurrence = self._count(module, name)
+        flat_in, _ = tree_flatten((args, kwargs))
+        written = written_args(func, args, kwargs)
+        pure_out = {id(t) for a, t in written if not _reads_written(func, a)}
+        producers = tuple(dict.fromkeys(
+            p for t in flat_in
+            if isinstance(t, torch.Tensor) and id(t) not in pure_out and (p := self._producer.get(t)) is not None))
+        if self.snapshot_at is not None and self.snapshot is None and _same_call(
+                self.snapshot_at, (layout.forward_pass, (module, name, occurrence))):
+            self._take_snapshot(func, args, kwargs, self.snapshot_at[1][1])
+        if producers:
+            self._record_kv_reads((module, name, occurrence), func, args, kwargs, producers)
+        entered = func.namespace not in LEAF_NAMESPACES and not func._schema.returns \
+            and any(isinstance(t, torch.Tensor) for t in flat_in)
+        if entered:  # a wrapper that writes its outputs: capture the ops it calls, one level deeper
+            self._within.append(name)
+            self._inner.append([])
+            try:
+                # Below the Python key (or the op would come back here), with this mode active for what it calls.
+                keys = _keys_below_python(flat_in)
+                with self:
+                    out = func.redispatch(keys, *args, **kwargs)
+            finally:
+                self._within.pop()
+                inner = self._inner.pop()
+            # What the wrapper wrote came from the ops inside it.
+            producers = tuple(dict.fromkeys((*producers, *inner)))
+        else:
+            out = func(*args, **kwargs)
+        if not producers or op_base_name(func) in ALLOCATORS:
+            return out  # nothing of the target's went in, or storage without a value came out
+        if getattr(func, "is_view", False) and len(producers) == 1:
+            # A view holds the same values as its base: pass the base's identity on.
+            if isinstance(out, torch.Tensor) and fits(out, layout):
+                self._producer[out] = producers[0]
+            return out
+        self._record_results(module, name, occurrence, func, args, kwargs, out, written, producers)
+        return out
+
+    def _record_results(self, module: str, name: str, occurrence: int, func: Any, args: Any,
+                        kwargs: dict[str, Any], out: Any, written: list[tuple[str, torch.Tensor]],
+                        producers: tuple[OpKey, ...]) -> None:
+        assert self._layout is not None
+        written_ids = {id(t) for _, t in written}
+        for arg, t in written:
+            key: OpKey = (module, name if len(written) == 1 else f"{name}[{arg}]", occurrence)
+            before = self._producer.get(t)
+            target = t if fits(t, self._layout) else _row_base(t, self._layout)
+            if target is not None:
+                if self._record(key, target, producers, "write") and before is not None \
+                        and not _reads_written(func, arg) and target is t:
+                    old = self._last_call.get(before)
+                    if old is not None and old.overwritten_by is None:
+                        old.overwritten_by = key
+                base = t._base
+                if target is t and isinstance(base, torch.Tensor) and fits(base, self._layout):
+                    self._producer[base] = key  # a slice of a fresh buffer written whole: the buffer now holds it
+            else:
+                self._record_kv_write(key, func, args, kwargs, t, producers)
+        returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and id(t) not in written_ids]
+        for j, t in enumerate(returned):
+            self._record((module, name if len(returned) == 1 else f"{name}[{j}]", occurrence), t, producers, "out")
+
+    def _record_kv_write(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any], cache: torch.Tensor,
+                         producers: tuple[OpKey, ...]) -> None:
+        """Rows the op wrote into a cache at the target's slots (a row-aligned integer index argument)."""
+        assert self._layout is not None
+        grid = self._layout.grids[0]
+        if len(grid.shape) != 1:
+            return
+        slots = next((t for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point()
+                      and t.dtype != torch.bool and t.shape[0] == grid.shape[0]), None)
+        if slots is None:
+            return
+        mine = select_rows(slots, grid)
+        if mine is None or not mine.numel():
+            return
+        flat = _slot_view(cache, int(mine.max().item()), self._layout.block_size)
+        if flat is None:
+            return
+        rows = flat.index_select(0, mine.to(flat.device).long())
+        self._add(OpCall(len(self.calls), self._layout.forward_pass, key, grid.positions,
+                         rows.detach().to("cpu", copy=True), tuple(cache.shape), producers, "kv_write",
+                         len(self._within), self._within[-1] if self._within else "", 0))
+
+    def _record_kv_reads(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any],
+                         producers: tuple[OpKey, ...]) -> None:
+        """The target's cached positions [0, kv_len) as an attention op is about to read them."""
+        layout = self._layout
+        assert layout is not None
+        if layout.seq_index is None or layout.kv_len is None or not layout.block_size:
+            return
+        named = named_args(func, args, kwargs)
+        table = next((named[n] for n in BLOCK_TABLE_ARGS if isinstance(named.get(n), torch.Tensor)), None)
+        if table is None or table.dim() != 2 or layout.seq_index >= table.shape[0]:
+            return
+        bs, n = layout.block_size, layout.kv_len
+        blocks = table[layout.seq_index, : -(-n // bs)].long()
+        for arg, t in named.items():
+            if (not isinstance(t, torch.Tensor) or t is table or not t.is_floating_point() or t.dim() != 4
+                    or t.shape[1] != bs or fits(t, layout)):
+                continue
+            rows = t.index_select(0, blocks.to(t.device)).flatten(0, 1)[:n]  # [kv_len, Hkv, D]
+            self._add(OpCall(len(self.calls), layout.forward_pass, (key[0], f"{key[1]}<kv:{arg}>", key[2]),
+                             tuple(range(n)), rows.detach().to("cpu", copy=True), tuple(t.shape), producers,
+                             "kv_read", len(self._within), self._within[-1] if self._within else "", 0))
+
+    def _take_snapshot(self, func: Any, args: Any, kwargs: dict[str, Any], label: str) -> None:
+        assert self._layout is not None
+        if "[" in label:  # name[j] (the j-th returned tensor) or name[arg] (a written argument)
+            inner = label[label.index("[") + 1:-1]
+            result = f"return:{inner}" if inner.isdigit() else f"arg:{inner}"
+        else:
+            written = written_args(func, args, kwargs)
+            result = f"arg:{written[0][0]}" if written else "return:0"
+        try:
+            c_args, c_kwargs = clone_inputs(func, args, kwargs)
+        except (RuntimeError, MemoryError) as e:
+            self.snapshot_note = f"inputs could not be copied: {e}"
+            return
+        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout)
+
+
+def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
+    """The call named by `want` (its label may carry a [result] suffix) is the one running now."""
+    (wp, (wm, wl, wo)), (np_, (nm, nl, no)) = want, now
+    return (wp, wm, wo) == (np_, nm, no) and wl.split("[", 1)[0] == nl
+
+
+def _keys_below_python(flat_in: Sequence[Any]) -> Any:
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU).remove(torch._C.DispatchKey.CPU)
+    for t in flat_in:
+        if isinstance(t, torch.Tensor):
+            keys = keys | torch._C._dispatch_keys(t)
+    return keys & torch._C._after_autograd_keyset
+
+
+def _row_base(t: torch.Tensor, layout: PassLayout) -> torch.Tensor | None:
+    """A slice written in place changes its row-aligned base: that base, or None."""
+    base = t._base
+    return base if isinstance(base, torch.Tensor) and fits(base, layout) else None
+
+
+def _slot_view(cache: torch.Tensor, max_slot: int, block_size: int | None) -> torch.Tensor | None:
+    """`cache` as `[slots, ...]`: a flat `[slots, H, D]` view as it is, a paged `[num_blocks, block_size, H, D]`
+    one flattened; None when neither fits."""
+    if cache.dim() == 4 and (block_size is None or cache.shape[1] == block_size):
+        flat = cache.flatten(0, 1)
+        return flat if flat.shape[0] > max_slot else None
+    if cache.dim() in (2, 3) and cache.shape[0] > max_slot:
+        return cache
+    return None
