@@ -185,7 +185,7 @@ class ModeExecution:
                 self.observer.done()
         chosen = failing if self.plan.config.checks.invariance.localize == "all" else [first]
         if self.shrink is not None and self.shrink.smallest is not first:
-            chosen = [*chosen, self.shrink.smallest]
+            chosen = [self.shrink.smallest, *chosen]  # the smallest first: its repro/ is the one to hand over
         for trial in chosen:
             requests, at = trial_requests(self.plan, trial)
             self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),

@@ -42,8 +42,13 @@ def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], o
 def run_alone(snap: Snapshot, grid: int) -> dict[int, torch.Tensor]:
     """Run the snapshot's op once more on a fresh copy of its inputs: the target's rows by position."""
     args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
-    with torch.no_grad():
-        out = snap.func(*args, **kwargs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(snap.threads)
+    try:
+        with torch.no_grad():
+            out = snap.func(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
     if any(t.is_cuda for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)):
         torch.cuda.synchronize()
     t = result_tensor(snap, args, kwargs, out)

@@ -89,7 +89,7 @@ def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, act
                        "grid": {"shape": list(g.shape), "rows": [list(r) for r in g.rows],
                                 "positions": list(g.positions)}}
     ns = str(expected.func._schema.name).partition("::")[0]
-    spec = {"op": _op_name(expected.func), "schema": str(expected.func._schema),
+    spec = {"op": _op_name(expected.func), "schema": str(expected.func._schema), "threads": expected.threads,
             "imports": list(dict.fromkeys([*NAMESPACE_IMPORTS.get(ns, []), *imports])),
             "localized": localized, **sides}
     (tmp / "op.json").write_text(json.dumps(spec, indent=1) + "\n")
@@ -210,6 +210,7 @@ def main():
             importlib.import_module(module)
         except ImportError as e:
             print(f"note: import {module} failed: {e}", file=sys.stderr)
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())  # CPU kernels can block by threads
     ns, name, overload = spec["op"].split(".")
     op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     with torch.no_grad():

@@ -112,6 +112,7 @@ class Snapshot:
     kwargs: dict[str, Any]
     result: str  # "return:J" or "arg:NAME": where the captured rows came from
     layout: PassLayout
+    threads: int  # torch's intra-op threads when it ran: a CPU kernel's blocking can follow them
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,9 @@ def written_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list
 
 
 def _reads_written(func: Any, arg: str) -> bool:
-    """Whether the op reads the old value of a written argument (in-place `self`), or only writes it."""
-    return arg == "self" and op_base_name(func) not in OVERWRITERS and not arg.startswith("out")
+    """Whether the op reads the old value of an argument it writes (in place), or only writes it (`out`,
+    `output`, a copy or fill)."""
+    return not arg.startswith("out") and op_base_name(func) not in OVERWRITERS
 
 
 class RowCapture(TorchDispatchMode):
@@ -274,7 +276,7 @@ class RowCapture(TorchDispatchMode):
         if producers:
             self._record_kv_reads((module, name, occurrence), func, args, kwargs, producers)
         entered = func.namespace not in LEAF_NAMESPACES and not func._schema.returns \
-            and any(isinstance(t, torch.Tensor) for t in flat_in)
+            and any(isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") for t in flat_in)
         if entered:  # a wrapper that writes its outputs: capture the ops it calls, one level deeper
             self._within.append(name)
             self._inner.append([])
@@ -382,7 +384,7 @@ class RowCapture(TorchDispatchMode):
         except (RuntimeError, MemoryError) as e:
             self.snapshot_note = f"inputs could not be copied: {e}"
             return
-        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout)
+        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads())
 
 
 def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
@@ -392,11 +394,10 @@ def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
 
 
 def _keys_below_python(flat_in: Sequence[Any]) -> Any:
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU).remove(torch._C.DispatchKey.CPU)
-    for t in flat_in:
-        if isinstance(t, torch.Tensor):
-            keys = keys | torch._C._dispatch_keys(t)
-    return keys & torch._C._after_autograd_keyset
+    """The backend key alone (CPU or CUDA) of the call's tensors: where a custom op's own kernel is."""
+    t = next(t for t in flat_in if isinstance(t, torch.Tensor))
+    key = {"cuda": torch._C.DispatchKey.CUDA, "cpu": torch._C.DispatchKey.CPU}[t.device.type]
+    return torch._C.DispatchKeySet(key)
 
 
 def _row_base(t: torch.Tensor, layout: PassLayout) -> torch.Tensor | None:
