@@ -204,6 +204,7 @@ class RowCapture(TorchDispatchMode):
         self.calls: list[OpCall] = []
         self.passes: list[PassLayout] = []
         self.snapshot_at = snapshot_at
+        self.bypass: tuple[str, ...] = ()  # ops observed at the Python call (see `_bypassing`)
         self.snapshot: Snapshot | None = None
         self.snapshot_note = ""
         self._layout: PassLayout | None = None
@@ -228,10 +229,31 @@ class RowCapture(TorchDispatchMode):
         for t in inputs:
             self._record(("", "input", self._count("", "input")), t, (), "out")
         try:
-            with self:
+            with self, self._bypassing():
                 yield
         finally:
             self._layout = None
+
+    @contextlib.contextmanager
+    def _bypassing(self) -> Iterator[None]:
+        """Proxies for `bypass` ops (`namespace.name`) while a pass runs: ops whose calls fail under
+        Python dispatch (vLLM's FlashAttention 3 `_vllm_fa3_C.fwd` returns `Tensor[]` with an alias
+        annotation torch cannot cast back) are observed at the Python call instead."""
+        saved: list[tuple[Any, str, Any]] = []
+        for qualname in self.bypass:
+            ns_name, _, op_name = qualname.partition(".")
+            try:
+                namespace = getattr(torch.ops, ns_name)
+                packet = getattr(namespace, op_name)
+            except (AttributeError, RuntimeError):
+                continue  # not loaded in this process
+            saved.append((namespace, op_name, packet))
+            setattr(namespace, op_name, _Bypass(self, packet))
+        try:
+            yield
+        finally:
+            for namespace, op_name, packet in saved:
+                setattr(namespace, op_name, packet)
 
     def _count(self, module: str, op: str) -> int:
         n = self._counts.get((module, op), 0)
@@ -257,10 +279,14 @@ class RowCapture(TorchDispatchMode):
             keys.append(call.key)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        return self._observe(func, args, kwargs or {}, bypassed=False)
+
+    def _observe(self, func: Any, args: Any, kwargs: dict[str, Any], *, bypassed: bool) -> Any:
+        """One op call: what it read, the call itself, what it produced. `bypassed`: called from a
+        `_Bypass` proxy (the op cannot pass through Python dispatch), so run it with the modes off."""
         layout = self._layout
         if layout is None:
-            return func(*args, **kwargs)
+            return _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
         module = self.module_path()
         name = str(func)
         occurrence = self._count(module, name)
@@ -275,7 +301,7 @@ class RowCapture(TorchDispatchMode):
             self._take_snapshot(func, args, kwargs, self.snapshot_at[1][1])
         if producers:
             self._record_kv_reads((module, name, occurrence), func, args, kwargs, producers)
-        entered = func.namespace not in LEAF_NAMESPACES and not func._schema.returns \
+        entered = not bypassed and func.namespace not in LEAF_NAMESPACES and not func._schema.returns \
             and any(isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") for t in flat_in)
         if entered:  # a wrapper that writes its outputs: capture the ops it calls, one level deeper
             self._within.append(name)
@@ -291,7 +317,7 @@ class RowCapture(TorchDispatchMode):
             # What the wrapper wrote came from the ops inside it.
             producers = tuple(dict.fromkeys((*producers, *inner)))
         else:
-            out = func(*args, **kwargs)
+            out = _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
         if not producers or op_base_name(func) in ALLOCATORS:
             return out  # nothing of the target's went in, or storage without a value came out
         if getattr(func, "is_view", False) and len(producers) == 1:
@@ -391,6 +417,27 @@ def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
     """The call named by `want` (its label may carry a [result] suffix) is the one running now."""
     (wp, (wm, wl, wo)), (np_, (nm, nl, no)) = want, now
     return (wp, wm, wo) == (np_, nm, no) and wl.split("[", 1)[0] == nl
+
+
+class _Bypass:
+    """Stands in for an op packet (`torch.ops.ns.name`) while a pass runs: calls go to the capture."""
+
+    def __init__(self, capture: RowCapture, packet: Any) -> None:
+        self._capture, self._packet = capture, packet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._packet, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._capture._observe(self._packet.default, args, kwargs, bypassed=True)
+
+
+def _call_plain(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Call an op with every Python dispatch mode off (they are restored after)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return func(*args, **kwargs)
 
 
 def _keys_below_python(flat_in: Sequence[Any]) -> Any:

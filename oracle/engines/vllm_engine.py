@@ -206,8 +206,7 @@ class VllmEngine:
             return LocalizedOp.from_json(found) if found is not None else None
         self.close()
         try:
-            eager = _Worker.start(replace(self.spec, enforce_eager=True, audit=False), self.env,
-                                  self.start_timeout_s)
+            eager = _Worker.start(eager_twin(self.spec), self.env, self.start_timeout_s)
             try:
                 found = eager.call(msg, self.timeout_s)
             finally:
@@ -341,3 +340,20 @@ def _kill(proc: subprocess.Popen[bytes], conn: Connection) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
     conn.close()
+
+
+def eager_twin(spec: WorkerSpec) -> WorkerSpec:
+    """The worker spec to localize a compiled engine in: eager, with the custom ops the compiled one runs.
+
+    Compiled (Inductor) vLLM turns its custom ops off (`custom_ops: ["none"]`: RMSNorm, rotary and
+    the rest run their torch code, which `VLLM_BATCH_INVARIANT` covers); an eager engine turns them
+    on, and their CUDA kernels are other kernels (vLLM's `fused_add_rms_norm` picks its block size by
+    the number of tokens). The eager twin keeps the compiled choice unless the config set one.
+    """
+    args = dict(spec.engine_args)
+    compilation = dict(args.get("compilation_config") or {})
+    custom = list(compilation.get("custom_ops") or [])
+    if not any(c in ("all", "none") for c in custom):
+        compilation["custom_ops"] = ["none", *custom]
+        args["compilation_config"] = compilation
+    return replace(spec, enforce_eager=True, audit=False, engine_args=args)

@@ -420,6 +420,11 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
                       block_size=getattr(block_size, "block_size", None))
 
 
+# FlashAttention's ops return `Tensor[]` with alias annotations that fail under Python dispatch: the
+# capture observes their calls at the Python level (oracle.capture.rows.RowCapture.bypass).
+BYPASS_OPS = ("_vllm_fa3_C.fwd", "_vllm_fa2_C.varlen_fwd", "_vllm_fa2_C.fwd_kvcache")
+
+
 @contextlib.contextmanager
 def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
     """Yields `capture(run, rows) -> Completion`: hooks on every module of vLLM's model name the scope;
@@ -482,6 +487,7 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
         if spec.warm_with:
             engine.generate(list(spec.warm_with), None)
         rows.module_path = lambda: stack[-1] if stack else ""
+        rows.bypass = BYPASS_OPS
         state.update(step=0, counter=itertools.count(), rows=rows,
                      target=spec.requests[spec.target_index].request_id)
         try:
