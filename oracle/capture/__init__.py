@@ -48,7 +48,7 @@ def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eag
 def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, finding: Finding, repro_dir: Path | None,
             imports: Sequence[str] = ()) -> LocalizedOp:
     """Run the named op alone on the inputs it got in each run (captured again, whole) and compare the target's rows."""
-    from oracle.capture.confirm import differing_quantities, launch_quantities, run_alone
+    from oracle.capture.confirm import differing_quantities, launch_quantities, row_inputs_differ, run_alone
     from oracle.capture.repro import write_repro
 
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
@@ -61,6 +61,12 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
         return replace(op, confirmation="not checked",
                        confirm_note="the op's inputs were not captured again in the rerun")
     depends = differing_quantities(launch_quantities(e.snapshot), launch_quantities(a.snapshot))
+    moved = row_inputs_differ(e.snapshot, a.snapshot, op.positions)
+    if moved:  # an input the capture could not follow already differed at the target's rows
+        return replace(op, status="inconclusive", inputs_equal=False, confirmation="not checked", depends_on=depends,
+                       note="; ".join(x for x in (op.note, f"its input {', '.join(moved)} already differed at the "
+                                                  "target's rows (computed where the capture could not follow): "
+                                                  "the cause is upstream of this op") if x))
     try:
         alone_e = run_alone(e.snapshot, e_call.grid)
         alone_a = run_alone(a.snapshot, a_call.grid)

@@ -62,16 +62,17 @@ def run_alone(snap: Snapshot, grid: int) -> dict[int, torch.Tensor]:
 _CLASSES = (
     ("communication", ("all_reduce", "allreduce", "all_gather", "reduce_scatter", "nccl", "broadcast")),
     ("kv-cache write", ("reshape_and_cache", "index_put", "kv_cache", "cache_write")),
+    ("norm", ("norm",)),
     ("attention", ("attention", "attn", "flash", "fa3", "fwd", "sdpa", "paged")),
     ("matmul", ("mm", "matmul", "linear", "gemm", "bmm", "_proj", "lm_head")),
-    ("norm", ("norm",)),
     ("sampling", ("sample", "argmax", "topk", "top_k", "multinomial", "gumbel", "log_softmax", "logits")),
 )
 
 
 def op_class(module: str, op: str) -> str:
-    """attention, matmul, norm, sampling, communication, kv-cache write, or other: by the op, then its module."""
-    for text in (op.lower(), module.lower()):
+    """attention, matmul, norm, sampling, communication, kv-cache write, or other: by the op, then by the
+    module's own name (`post_attention_layernorm` is a norm)."""
+    for text in (op.lower(), module.rsplit(".", 1)[-1].lower()):
         for name, words in _CLASSES:
             if any(w in text for w in words):
                 return name
@@ -110,3 +111,40 @@ def differing_quantities(expected: dict[str, Any], actual: dict[str, Any]) -> di
     """The launch quantities whose values differ between the two calls: {name: [expected, actual]}."""
     return {k: [expected.get(k), actual.get(k)] for k in sorted(set(expected) | set(actual))
             if expected.get(k) != actual.get(k)}
+
+
+def row_inputs_differ(expected: Snapshot, actual: Snapshot, positions: Sequence[int]) -> list[str]:
+    """Row-aligned tensor arguments (read, not pure outputs) whose target rows differ between the two calls.
+
+    A named op must have read equal rows; if one of its inputs already differed where the capture
+    could not follow it (a tensor it did not track), the op is an effect, not the cause.
+    """
+    from oracle.capture.rows import reads_written, written_args
+
+    e_named = named_args(expected.func, expected.args, expected.kwargs)
+    a_named = named_args(actual.func, actual.args, actual.kwargs)
+    pure = {a for a, _ in written_args(actual.func, actual.args, actual.kwargs)
+            if not reads_written(actual.func, a)}
+    out: list[str] = []
+    for name, a in a_named.items():
+        e = e_named.get(name)
+        if name in pure or not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor):
+            continue
+        rows_a = _rows_by_position(a, actual)
+        rows_e = _rows_by_position(e, expected)
+        for pos in positions:
+            ra, re_ = rows_a.get(pos), rows_e.get(pos)
+            if ra is not None and re_ is not None and (ra.shape != re_.shape or not torch.equal(
+                    ra.reshape(-1).view(torch.uint8) if ra.is_floating_point() else ra,
+                    re_.reshape(-1).view(torch.uint8) if re_.is_floating_point() else re_)):
+                out.append(name)
+                break
+    return out
+
+
+def _rows_by_position(t: torch.Tensor, snap: Snapshot) -> dict[int, torch.Tensor]:
+    for g in snap.layout.grids[:1]:  # the token grid: inputs are laid out by token
+        rows = select_rows(t, g)
+        if rows is not None:
+            return {pos: rows[i].detach().cpu().contiguous() for i, pos in enumerate(g.positions)}
+    return {}

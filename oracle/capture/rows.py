@@ -16,8 +16,9 @@ What counts as an op's result (and what does not):
 - writes into the KV cache (`kv_write`: a written tensor indexed by a row-aligned slot mapping) and
   what attention reads back from it (`kv_read`: the target's cached positions through its block
   table, before the op runs), each keyed by token position.
-A custom op that returns nothing (it writes its outputs, as vLLM's attention wrappers do) is entered:
-the ops it calls are captured too, one level deeper, so the kernel inside is what can be named.
+A custom op of an `enter` namespace that returns nothing (it writes its outputs, as vLLM's attention
+wrappers do) is entered: the ops it calls are captured too, one level deeper, so the kernel inside
+is what can be named. Other custom ops are opaque: named as a whole.
 Equality is decided later, bitwise, by `oracle.capture.rules`.
 """
 
@@ -44,7 +45,6 @@ ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted"
                         "new_empty_strided", "resize_", "resize_as_"})
 # In-place ops that overwrite `self` without reading it.
 OVERWRITERS = frozenset({"copy_", "fill_", "zero_", "index_copy_"})
-LEAF_NAMESPACES = ("aten", "prims", "prim")
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def written_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list
     return out
 
 
-def _reads_written(func: Any, arg: str) -> bool:
+def reads_written(func: Any, arg: str) -> bool:
     """Whether the op reads the old value of an argument it writes (in place), or only writes it (`out`,
     `output`, a copy or fill)."""
     return not arg.startswith("out") and op_base_name(func) not in OVERWRITERS
@@ -205,6 +205,7 @@ class RowCapture(TorchDispatchMode):
         self.passes: list[PassLayout] = []
         self.snapshot_at = snapshot_at
         self.bypass: tuple[str, ...] = ()  # ops observed at the Python call (see `_bypassing`)
+        self.enter: tuple[str, ...] = ()  # namespaces of wrapper ops whose insides are captured (vLLM: "vllm")
         self.snapshot: Snapshot | None = None
         self.snapshot_note = ""
         self._layout: PassLayout | None = None
@@ -292,7 +293,7 @@ class RowCapture(TorchDispatchMode):
         occurrence = self._count(module, name)
         flat_in, _ = tree_flatten((args, kwargs))
         written = written_args(func, args, kwargs)
-        pure_out = {id(t) for a, t in written if not _reads_written(func, a)}
+        pure_out = {id(t) for a, t in written if not reads_written(func, a)}
         producers = tuple(dict.fromkeys(
             p for t in flat_in
             if isinstance(t, torch.Tensor) and id(t) not in pure_out and (p := self._producer.get(t)) is not None))
@@ -301,7 +302,7 @@ class RowCapture(TorchDispatchMode):
             self._take_snapshot(func, args, kwargs, self.snapshot_at[1][1])
         if producers:
             self._record_kv_reads((module, name, occurrence), func, args, kwargs, producers)
-        entered = not bypassed and func.namespace not in LEAF_NAMESPACES and not func._schema.returns \
+        entered = not bypassed and func.namespace in self.enter and not func._schema.returns \
             and any(isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") for t in flat_in)
         if entered:  # a wrapper that writes its outputs: capture the ops it calls, one level deeper
             self._within.append(name)
@@ -321,9 +322,10 @@ class RowCapture(TorchDispatchMode):
         if not producers or op_base_name(func) in ALLOCATORS:
             return out  # nothing of the target's went in, or storage without a value came out
         if getattr(func, "is_view", False) and len(producers) == 1:
-            # A view holds the same values as its base: pass the base's identity on.
-            if isinstance(out, torch.Tensor) and fits(out, layout):
-                self._producer[out] = producers[0]
+            # A view holds the same values as its base: pass the base's identity on (to each of a split's parts).
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and fits(t, layout):
+                    self._producer[t] = producers[0]
             return out
         self._record_results(module, name, occurrence, func, args, kwargs, out, written, producers)
         return out
@@ -339,7 +341,7 @@ class RowCapture(TorchDispatchMode):
             target = t if fits(t, self._layout) else _row_base(t, self._layout)
             if target is not None:
                 if self._record(key, target, producers, "write") and before is not None \
-                        and not _reads_written(func, arg) and target is t:
+                        and not reads_written(func, arg) and target is t:
                     old = self._last_call.get(before)
                     if old is not None and old.overwritten_by is None:
                         old.overwritten_by = key

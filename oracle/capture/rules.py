@@ -290,7 +290,7 @@ def localize_captured(expected: Captured, actual: Captured, *, eager: bool | Non
         exp_call = next((runs.expected_at[(call.key, p)][0] for p in ch.positions
                          if (call.key, p) in runs.expected_at), None)
         return Finding(op, call, exp_call)
-    if changed:
+    if changed and still:
         first = changed[min(changed)]
         bound = _located(runs, first, runs.inputs_equal(first.call, first.positions), eager, still, "inconclusive",
                          "results changed, but none that read equal inputs and reached the output: "
@@ -321,7 +321,7 @@ def _located(runs: _Runs, ch: _Change, equal: bool | None, eager: bool | None, s
         shape=call.shape, ulp=max(ulps) if ulps else None, max_abs_diff=max(diffs) if diffs else None,
         inputs_equal=equal, pass_evidence=dict(layout.evidence), eager=eager, still_diverged=still,
         note="; ".join(notes), status=status, kind=call.kind, within=call.within,
-        op_class=op_class(module, op + " " + call.within),
+        op_class="kv-cache write" if call.kind == "kv_write" else op_class(module, op + " " + call.within),
     )
 
 

@@ -488,6 +488,7 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
             engine.generate(list(spec.warm_with), None)
         rows.module_path = lambda: stack[-1] if stack else ""
         rows.bypass = BYPASS_OPS
+        rows.enter = ("vllm",)  # vllm::unified_attention_with_output and kin: the kernels inside are named
         state.update(step=0, counter=itertools.count(), rows=rows,
                      target=spec.requests[spec.target_index].request_id)
         try:

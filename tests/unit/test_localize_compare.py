@@ -112,6 +112,7 @@ def _write_rows(x: torch.Tensor, out: torch.Tensor) -> None:
 def test_an_op_that_writes_its_output_argument_is_captured() -> None:
     # vLLM's attention writes into a preallocated `output` and returns nothing.
     capture = row_capture(lambda: "model.layers.0.self_attn.attn")
+    capture.enter = ("oracle_test",)
     ids = torch.arange(4)
     layout = PassLayout(0, 0, (Grid((4,), ((1,),), (5,)),), {})
     with capture.forward_pass(layout, (ids,)):

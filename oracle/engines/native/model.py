@@ -110,6 +110,13 @@ class Decoder:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
+    def _write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor) -> None:
+        # This step's keys and values into their paged slots: k, v [T, Hkv, D]; slot_mapping [T].
+        c = self.config
+        k_cache.view(-1, c.num_kv_heads, c.head_dim)[slot_mapping] = k
+        v_cache.view(-1, c.num_kv_heads, c.head_dim)[slot_mapping] = v
+
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # [T, D/2] angles by elementwise product (exact, no reduction), then [T, 1, D].
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
@@ -152,9 +159,7 @@ class Decoder:
                     q = self._rope(q, cos, sin)
                     k = self._rope(k, cos, sin)
                     k_cache, v_cache = kv_caches[i]  # [num_blocks, block_size, Hkv, D]
-                    # Write this step's keys and values into their paged slots.
-                    k_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = k
-                    v_cache.view(-1, c.num_kv_heads, c.head_dim)[inputs.slot_mapping] = v
+                    self._write_kv(k_cache, v_cache, inputs.slot_mapping, k, v)
                     with scope(p + "self_attn.attn"):
                         attn = oracle_kernels.paged_attention(
                             q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
