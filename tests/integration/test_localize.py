@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from planted import PlantedEngine
 
+from oracle.capture import capture_run, localize_captured
 from oracle.compare import first_divergence
 from oracle.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
-from oracle.capture import capture_run, localize_captured
 from oracle.localize import LocalizedOp, RunSpec, localize_runs, localize_trial
 
 SAMPLING = SamplingParams(max_tokens=4, logits="full")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-
-from oracle.contract import Completion
 from collections.abc import Callable
 
+import torch
+
 from oracle.capture import Captured, Grid, LocalizedOp, OpCall, PassLayout, RowCapture, localize_captured
+from oracle.contract import Completion
 
 DONE = Completion("t", [1], [0.0])
 
