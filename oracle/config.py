@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_CONFIG_BYTES = 8 << 20
 MAX_YAML_ALIASES = 1000
 MAX_YAML_NODES = 1_000_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Strict(BaseModel):
@@ -355,9 +357,26 @@ class Config(_Strict):
 
     def model_post_init(self, context: Any, /) -> None:
         self.engine._base_dir = self.base_dir  # custom engines import from the config's folder too
+        from oracle.redaction import remember
+
+        found: set[str] = set()
+        self.redacted(found)
+        remember(found)  # so an error line that quotes one (a server's command line) is scrubbed too
+
+    def redacted(self, secrets: set[str] | None = None) -> dict[str, Any]:
+        """The resolved config as written to a report: secrets replaced by `<redacted: set, N chars>`
+        (oracle.redaction); the values found are added to `secrets`."""
+        from oracle.redaction import redact_tree
+
+        return redact_tree(self.model_dump(mode="json"), secrets)  # type: ignore[no-any-return]
 
     def digest(self) -> str:
-        """sha256 of the resolved config, canonical JSON (sorted keys)."""
+        """sha256 of the resolved config, canonical JSON (sorted keys).
+
+        Of the real config, secrets included: the digest names what ran, and two configs that differ
+        only in a secret (another server's key) are different runs. The report holds only the redacted
+        config; the digest is one-way, though a guess at a weak secret could be tested against it by
+        rebuilding the config around the guess (use tokens, not passwords, for servers)."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -401,7 +420,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
 
 def _load_yaml(text: str, source: str) -> Any:
     """safe_load, refusing duplicate keys, recursive aliases and alias bombs (checked before expanding)."""
-    loader = yaml.SafeLoader(text)
+    try:
+        # The reader checks every character as it is built: a NUL or another control byte raises here.
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}{_yaml_where(e, text)}: malformed YAML: {_yaml_problem(e)}") from e
     try:
         node = loader.get_single_node()
         if node is None:
@@ -409,14 +432,29 @@ def _load_yaml(text: str, source: str) -> Any:
         _check_yaml_graph(node, source)
         return loader.construct_document(node)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{source}{where}: malformed YAML: {problem}") from e
+        raise ConfigError(f"{source}{_yaml_where(e, text)}: malformed YAML: {_yaml_problem(e)}") from e
     except RecursionError as e:
         raise ConfigError(f"{source}: malformed YAML: nested too deeply") from e
     finally:
         loader.dispose()
+
+
+def _yaml_where(e: yaml.YAMLError, text: str) -> str:
+    """`:LINE` of a YAML error, or nothing. A reader error (a forbidden character) has a position, not a mark."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:
+        return f":{mark.line + 1}"
+    if isinstance(e, yaml.reader.ReaderError):
+        return f":{text[: e.position].count(chr(10)) + 1}"
+    return ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    if isinstance(e, yaml.reader.ReaderError):
+        return (f"character U+{e.character:04X} is not allowed in YAML; remove it, or write it as an escape "
+                "in a double-quoted string")
+    lines = str(e).splitlines()
+    return str(getattr(e, "problem", None) or (lines[0] if lines else type(e).__name__))
 
 
 def _check_yaml_graph(root: yaml.Node, source: str) -> None:
@@ -465,6 +503,7 @@ def _check_yaml_graph(root: yaml.Node, source: str) -> None:
 
 def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None,
                  flags: dict[str, str] | None = None) -> Config:
+    _check_strings(data, source, text)
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
@@ -487,6 +526,37 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
     config._source, config._text = source, text
     _cross_check(config)
     return config
+
+
+def _check_strings(data: Any, source: str, text: str | None) -> None:
+    """Every key and string is text a file can hold: no lone surrogates (no encoding writes them), and
+    no NUL byte (no path, argument or variable can hold one) except inside a prompt's text."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while stack:  # iterative: a report's config may be nested as deep as its JSON parser allowed
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _check_string(str(k), (*loc, str(k)), source, text, key=True)
+                stack.append(((*loc, str(k)), v))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(((*loc, i), v) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(value, loc, source, text)
+
+
+def _check_string(value: str, loc: tuple[str | int, ...], source: str, text: str | None, key: bool = False) -> None:
+    problem = None
+    surrogate = _SURROGATE.search(value)
+    if surrogate is not None:
+        problem = f"not valid Unicode: a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}"
+    elif "\x00" in value and (key or loc[:2] != ("prompts", "texts")):
+        problem = f"holds a NUL byte at character {value.index(chr(0))}"
+    if problem is None:
+        return
+    field = ".".join(str(x) for x in loc) or "<root>"
+    line = _line_of(text, loc) if text else None
+    where = f"{source}:{line}" if line else source
+    raise ConfigError(f"{where}: {field}: {'key ' if key else ''}{problem}")
 
 
 def _cross_check(config: Config) -> None:

@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
 from oracle.errors import OracleError
-from oracle.report import CheckResult, DivergenceRecord, Report, load_report
+from oracle.render.escape import terminal_text
+from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, DivergenceRecord, Report, load_report
 
 BAD_VERDICTS = ("fail", "vacuous", "error")
 
 
 def escape_data(s: str) -> str:
-    """Escape a workflow command's message (GitHub's rules: %, CR, LF)."""
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """Escape a workflow command's message (GitHub's rules: %, CR, LF); control bytes, terminal escapes
+    and lone surrogates are written as `\\xNN`, and secrets scrubbed (oracle.render.escape)."""
+    clean = "".join(part if part in ("\r", "\n") else terminal_text(part) for part in re.split(r"(\r|\n)", s))
+    return clean.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def escape_property(s: str) -> str:
@@ -65,12 +70,21 @@ def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
 
 
 def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
-                      config: str | None = None) -> Iterator[str]:
-    """The workflow commands for a run: errors for blocking checks, warnings for `warn` ones."""
+                      config: str | None = None, unreadable: str | None = None) -> Iterator[str]:
+    """The workflow commands for a run: errors for blocking checks, warnings for `warn` ones.
+    `unreadable`: why the report at `report_path` could not be read (it exists but is not a report)."""
     if report is None:
+        if unreadable is not None:
+            yield command("error", "oracle", f"the report at {report_path} cannot be read ({unreadable}); "
+                                             f"oracle exited {exit_code}", config)
+            return
         yield command("error", "oracle", f"no report at {report_path}: oracle exited {exit_code} before writing "
                                          "one (a usage or config error; see the run step's log)", config)
         return
+    if exit_code == EXIT_OK and report.exit_code() != EXIT_OK:
+        yield command("error", "oracle", f"oracle exited 0 but its report says {report.exit_code()} "
+                                         f"({'did not complete' if report.partial else 'a check failed'}); "
+                                         "the run is not a pass", config)
     if report.error:
         yield command("error", "oracle engine", f"engine error: {report.error} (partial report {report_path})",
                       config)
@@ -82,17 +96,29 @@ def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
             yield command(kind, f"oracle {check.name}", check_message(report, check, report_path), config)
 
 
+def outcome(report: Report | None, exit_code: int | None) -> int:
+    """The run's exit code as the outputs give it: oracle's own, never 0 unless the report agrees (a
+    run whose process exited 0 without a passing, complete report is not a pass)."""
+    if report is None:
+        return EXIT_USAGE if exit_code is None else (EXIT_ENGINE if exit_code == EXIT_OK else exit_code)
+    if exit_code is None or exit_code == EXIT_OK:
+        return report.exit_code()
+    return exit_code
+
+
 def annotate(report_dir: Path, exit_code: int | None, config: str | None, out: TextIO) -> int:
     path = report_dir / "report.json"
+    unreadable = None
     try:
         report: Report | None = load_report(path)
-    except OracleError:
+    except OracleError as e:
         report = None
-    if exit_code is None:
-        exit_code = report.exit_code() if report else 2
-    for line in workflow_commands(report, path, exit_code, config):
+        if path.exists():
+            unreadable = str(e).removeprefix(f"{path}: ")
+    code = outcome(report, exit_code)
+    for line in workflow_commands(report, path, code if exit_code is None else exit_code, config, unreadable):
         print(line, file=out)
-    write_outputs({"exit-code": str(exit_code), "verdict": verdict_of(exit_code), "report-dir": str(report_dir)})
+    write_outputs({"exit-code": str(code), "verdict": verdict_of(code), "report-dir": str(report_dir)})
     return 0
 
 
@@ -101,9 +127,13 @@ def write_outputs(outputs: dict[str, str]) -> None:
     target = os.environ.get("GITHUB_OUTPUT")
     if not target:
         return
-    with open(target, "a", encoding="utf-8") as f:
+    with open(target, "a", encoding="utf-8", errors="backslashreplace") as f:
         for k, v in outputs.items():
-            f.write(f"{k}={v}\n")
+            if "\n" in v or "\r" in v:  # a value over lines (a folder's name) in GitHub's multi-line form
+                delimiter = f"ghadelimiter_{uuid.uuid4().hex}"
+                f.write(f"{k}<<{delimiter}\n{v}\n{delimiter}\n")
+            else:
+                f.write(f"{k}={v}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

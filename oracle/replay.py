@@ -40,7 +40,12 @@ def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple
 
 
 def report_config(report: Report, source: Path) -> Config:
-    return parse_config(report.config, source=str(source))
+    """The report's config, with the secrets that were redacted when it was written taken from the
+    environment (oracle.redaction.restore_secrets): ConfigError naming each variable to set, never a
+    run with `<redacted: ...>` as a key."""
+    from oracle.redaction import restore_secrets
+
+    return parse_config(restore_secrets(report.config, source=str(source)), source=str(source))
 
 
 def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay:

@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from oracle.redaction import redact_tree, scrub_text, scrub_tree
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
@@ -27,6 +29,8 @@ EXIT_USAGE = 2
 EXIT_ENGINE = 3
 
 SCHEMA_ID = "oracle-report/2"
+MAX_REPORT_BYTES = 1 << 30  # a report.json larger than this is not one oracle wrote
+MAX_SEED = 2**63 - 1
 
 
 class _Model(BaseModel):
@@ -147,7 +151,7 @@ class DivergenceRecord(_Model):
 
 class Report(_Model):
     oracle_version: str
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
     config: dict[str, Any]
     config_digest: str = Field(pattern="^[0-9a-f]{64}$")
     environment: dict[str, Any] = Field(default_factory=dict)
@@ -161,6 +165,27 @@ class Report(_Model):
     # The exit code `error` stands for when it is not an engine error (3): 2 for a config or model
     # error, 130/143 for SIGINT/SIGTERM. Written as report.json's `exit_code`, read back from it.
     _error_exit_code: int | None = PrivateAttr(default=None)
+    # The secret values `config` held before it was redacted (see oracle.redaction): scrubbed from
+    # every string the report writes. Never written.
+    _secrets: set[str] = PrivateAttr(default_factory=set)
+
+    @model_validator(mode="after")
+    def _redact_config(self) -> Report:
+        """`config` is held redacted from the start, so no view or file can show a secret of it; the
+        digest was computed by the caller from the real config."""
+        found: set[str] = set()
+        self.config = redact_tree(self.config, found)
+        self._secrets |= found
+        return self
+
+    def public(self) -> Report:
+        """A copy for showing or writing: the config and environment redacted, and every message,
+        the error and the findings scrubbed of secrets (see `to_dict`)."""
+        data = self.to_dict()
+        data.pop("exit_code")
+        copy = Report.model_validate(data)
+        copy._error_exit_code, copy._secrets = self._error_exit_code, set(self._secrets)
+        return copy
 
     def exit_code(self) -> int:
         """The process's exit code for this report (written as `exit_code`); a report that is not complete
@@ -173,7 +198,7 @@ class Report(_Model):
 
     def set_error(self, message: str, exit_code: int = EXIT_ENGINE) -> None:
         """Record why the run stopped early (the report stays `complete: false`)."""
-        self.error = message
+        self.error = scrub_text(message, self._secrets)
         self._error_exit_code = exit_code
         self.complete = False
 
@@ -188,7 +213,9 @@ class Report(_Model):
         elif isinstance(e, OracleError):
             self.set_error(str(e), e.exit_code)
         elif isinstance(e, SystemExit):
-            self.set_error(f"sys.exit({e.code!r}) was called during the run", EXIT_ENGINE)
+            # oracle.exit_trap.ExitCalled says which exit it was (os._exit); a plain one is sys.exit
+            called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
+            self.set_error(f"{called} was called during the run", EXIT_ENGINE)
         else:
             self.set_error(f"{type(e).__name__}: {e}", EXIT_ENGINE)
 
@@ -203,7 +230,16 @@ class Report(_Model):
         return next((t for t in self.schedule if t.trial_id == trial_id), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.model_dump(mode="json"), "exit_code": self.exit_code()}
+        """report.json's content: secrets redacted (the config and environment by structure, every other
+        string scrubbed of the config's secret values and of token-shaped text; oracle.redaction)."""
+        data = self.model_dump(mode="json")
+        secrets = set(self._secrets)
+        config = redact_tree(data.pop("config"), secrets)
+        environment = redact_tree(data.pop("environment"), secrets)
+        data = scrub_tree(data, secrets)
+        data["environment"] = scrub_tree(environment, secrets)
+        data["config"] = config
+        return {key: data[key] for key in type(self).model_fields} | {"exit_code": self.exit_code()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -242,13 +278,23 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def load_report(path: Path) -> Report:
-    """Read a report.json; ConfigError naming the file when it is missing or not an oracle report."""
+    """Read a report.json; ConfigError (exit 2) naming the file when it is missing, too large, not JSON,
+    nested too deeply or not an oracle report, and naming the field that is wrong."""
     from oracle.errors import ConfigError
 
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read report ({e})") from e
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder, not a report.json")
+        size = path.stat().st_size
+        if size > MAX_REPORT_BYTES:
+            raise ConfigError(f"{path}: report is {size:,} bytes (at most {MAX_REPORT_BYTES:,}); not an oracle report")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read report ({e.strerror or e})") from e
+    except RecursionError as e:
+        raise ConfigError(f"{path}: not an oracle report.json (JSON nested too deeply)") from e
+    except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits
+        raise ConfigError(f"{path}: not an oracle report.json ({_first_line(e)})") from e
     if not isinstance(data, dict) or "config" not in data:
         raise ConfigError(f"{path}: not an oracle report.json")
     code = data.pop("exit_code", None)
@@ -258,9 +304,16 @@ def load_report(path: Path) -> Report:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"])
         raise ConfigError(f"{path}: not a report of this oracle version ({field}: {err['msg']})") from e
-    if report.error is not None and isinstance(code, int):
+    except RecursionError as e:
+        raise ConfigError(f"{path}: not an oracle report.json (nested too deeply)") from e
+    if report.error is not None and isinstance(code, int) and not isinstance(code, bool):
         report._error_exit_code = code
     return report
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 def report_schema() -> dict[str, Any]:

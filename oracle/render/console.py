@@ -98,6 +98,7 @@ class ConsoleObserver(Observer):
 
 
 def print_summary(console: Console, report: Report, report_path: str, max_rows: int = 5) -> None:
+    report = report.public()  # secrets redacted, as in the files
     narrow = console.width < NARROW
     table = Table(title=f"oracle checks: {headline(report)}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False)

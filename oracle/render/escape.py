@@ -1,10 +1,16 @@
 """Making user strings safe for each output: model text, target names and error messages are data,
-never markup, terminal escapes or XML that a parser rejects."""
+never markup, terminal escapes or XML that a parser rejects, and never a secret.
+
+Every view (console, JUnit, Markdown, HTML) writes user strings through these functions, so they are
+also where secrets are scrubbed from text (oracle.redaction.scrub_text: the secret values of the
+configs this process read, Authorization headers, `--api-key VALUE`, token-shaped words)."""
 
 from __future__ import annotations
 
 import html
 import re
+
+from oracle.redaction import scrub_text
 
 # XML 1.0 allows tab, newline, carriage return and everything from U+0020 except lone surrogates
 # and U+FFFE/U+FFFF; anything else makes a JUnit parser reject the whole file.
@@ -23,12 +29,12 @@ def _codepoint(m: re.Match[str]) -> str:
 
 def xml_text(s: object) -> str:
     """`s` as text XML 1.0 accepts: forbidden characters written as `\\xNN` (ElementTree escapes the rest)."""
-    return _XML_FORBIDDEN.sub(_codepoint, str(s))
+    return _XML_FORBIDDEN.sub(_codepoint, scrub_text(str(s)))
 
 
 def terminal_text(s: object, newlines: bool = False) -> str:
     """`s` without control or escape bytes (written as `\\xNN`); newlines kept only when `newlines`."""
-    text = str(s)
+    text = scrub_text(str(s))
     if not newlines:
         text = text.replace("\r\n", " ").replace("\n", " ")
         return _CONTROL_OR_NEWLINE.sub(_codepoint, text)

@@ -16,6 +16,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from oracle.errors import ConfigError
+from oracle.render.escape import markdown_text, terminal_text, xml_text
 from oracle.render.html import render_html
 from oracle.render.junit import render_junit
 from oracle.render.markdown import render_markdown
@@ -54,12 +55,11 @@ def _partial_line(report: Report) -> str:
 
 def _mark_markdown(text: str, report: Report) -> str:
     head, _, rest = text.partition("\n")
-    line = _partial_line(report).replace("|", "\\|").replace("`", "'").replace("<", "&lt;").replace(">", "&gt;")
-    return f"{head}\n\n**{line}**\n{rest}"
+    return f"{head}\n\n**{markdown_text(_partial_line(report))}**\n{rest}"
 
 
 def _mark_html(text: str, report: Report) -> str:
-    banner = f'<p class="partial"><strong>{html.escape(_partial_line(report))}</strong></p>'
+    banner = f'<p class="partial"><strong>{html.escape(terminal_text(_partial_line(report)))}</strong></p>'
     at = text.find("</h1>")
     if at < 0:
         at = text.find("<body>")
@@ -74,14 +74,16 @@ def _mark_junit(text: str, report: Report) -> str:
     root = ET.fromstring(text.encode("utf-8"))
     suite = ET.SubElement(root, "testsuite", name="oracle.run", tests="1", failures="0", errors="1", skipped="0")
     case = ET.SubElement(suite, "testcase", classname="oracle.run", name="complete")
-    line = _partial_line(report)
+    line = xml_text(_partial_line(report))  # an engine's error text may hold any byte
     ET.SubElement(case, "error", message=line).text = line
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 def render_formats(report: Report) -> dict[str, str]:
-    """The text of junit.xml, summary.md and report.html, marked partial when the report is."""
+    """The text of junit.xml, summary.md and report.html, marked partial when the report is; of the
+    report's public copy (secrets redacted, see `Report.public`)."""
+    report = report.public()
     texts = {"junit": render_junit(report), "markdown": render_markdown(report), "html": render_html(report)}
     if report.partial:
         texts = {"junit": _mark_junit(texts["junit"], report), "markdown": _mark_markdown(texts["markdown"], report),

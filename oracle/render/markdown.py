@@ -31,14 +31,15 @@ def render_markdown(report: Report, max_rows: int = 10) -> str:
         f"## oracle: {headline(report)}",
         "",
         f"seed `{report.seed}` · torch {markdown_text(env.get('torch'))} · {markdown_text(env.get('gpu') or 'CPU')} · "
-        f"{env.get('trials', 0)} trials over {env.get('targets', 0)} targets · {report.timings.get('total_s', 0)} s · "
+        f"{markdown_text(env.get('trials', 0))} trials over {markdown_text(env.get('targets', 0))} targets · "
+        f"{report.timings.get('total_s', 0)} s · "
         f"config `{str(report.config_digest)[:12]}`",
         "",
         "| check | requirement | verdict | trials | divergent | detail |",
         "| --- | --- | --- | ---: | ---: | --- |",
     ]
     for c in report.checks:
-        lines.append(f"| {c.name} | {c.requirement} | {_verdict_cell(c)} | {c.trials} | "
+        lines.append(f"| {markdown_text(c.name)} | {markdown_text(c.requirement)} | {_verdict_cell(c)} | {c.trials} | "
                      f"{c.divergent} | {markdown_text(c.message)} |")
     if report.error:
         lines += ["", f"**engine error:** {markdown_text(report.error)}"]
@@ -59,7 +60,7 @@ def render_markdown(report: Report, max_rows: int = 10) -> str:
         for d in rows[:max_rows]:
             trial = "" if d.trial_id is None else str(d.trial_id)
             trial = f"**{trial} (minimal, shrunk)**" if is_minimal(d) else trial
-            row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {d.kind} | {d.expected_token} → "
+            row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {markdown_text(d.kind)} | {d.expected_token} → "
                    f"{d.actual_token} | {d.ulp} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
                    f"{markdown_text(d.evidence.get('num_seqs', ''))} |")
             if localized:
