@@ -260,3 +260,104 @@ def bench_workload(
             if device == "cuda":
                 torch.cuda.empty_cache()
     return _finish(rows, json_path)
+
+
+# --- memory: peak RSS of a whole `oracle run` ---------------------------------------------------
+
+MEMORY_VOCAB = 151936  # Qwen3's vocabulary: a full logits row is 608 KB of float32
+
+
+def memory_config(model_dir: Path, report_dir: Path, trials: int, max_tokens: int, device: str) -> dict[str, Any]:
+    """The memory benchmark's config: `trials` schedule trials of a target with full logits rows.
+
+    Drift (and the negative control) only: production mode alone, whose default kernels run this
+    tiny model fastest on a CPU; both modes keep a trial's outputs the same way. The schedule batches
+    up to 8 requests so every trial is cheap and the figure is the harness's, not the model's.
+    """
+    return {
+        "model": str(model_dir),
+        "engine": {"kind": "native", "device": device, "dtype": "float32", "max_num_seqs": 64,
+                   "max_num_batched_tokens": 256, "enable_chunked_prefill": True, "enable_prefix_caching": True,
+                   "num_threads": 1},
+        "prompts": {"random": {"count": 8, "min_len": 8, "max_len": 24, "seed": 0}},
+        "sampling": {"max_tokens": max_tokens, "temperature": 0.0, "logits": "full"},
+        "schedule": {"trials": trials, "seed": 1, "batch_size": [1, 8], "filler_len": [1, 24],
+                     "filler_max_tokens": [1, max_tokens], "arrival_step": [0, 2], "repeat_trials": 8,
+                     "shrink": False},
+        "checks": {"invariance": "off", "repeatability": "off", "fidelity": "off", "drift": "report",
+                   "negative_control": "warn", "prefill_decode": "off", "prefix_cache": "off"},
+        "report_dir": str(report_dir),
+    }
+
+
+_MEMORY_CHILD = r"""
+import json, resource, sys
+from oracle.config import parse_config
+from oracle.runner import run
+config = json.loads(sys.argv[1])
+report = run(parse_config(config))
+peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+print(json.dumps({"peak_rss_mib": round(peak_kb / 1024, 1), "exit_code": report.exit_code(),
+                  "checks": {c.name: [c.verdict, c.trials, c.divergent] for c in report.checks},
+                  "divergences": [[d.check, d.trial_id, d.step, d.kind, d.ulp, d.max_abs_logits_diff]
+                                  for d in report.divergences]}))
+"""
+
+
+def bench_memory(json_path: Path | None, *, trials: int = 1000, max_tokens: int = 16, device: str = "cpu",
+                 work_dir: Path | None = None) -> int:
+    """Peak RSS of `oracle run` over `trials` trials of a 152k-vocabulary model with `logits: full`.
+
+    The model is tiny-qwen3 with Qwen3's vocabulary (151,936), random weights; the run happens in a
+    fresh Python process so its peak RSS (`ru_maxrss`) is the run's alone. Prints the figure; asserts
+    nothing.
+    """
+    import dataclasses
+    import subprocess
+    import sys
+    import tempfile
+
+    from oracle.models.make import make_model
+    from oracle.models.presets import get_preset
+
+    if trials < 1:
+        raise ConfigError(f"bench memory --trials: must be >= 1, got {trials}")
+    with tempfile.TemporaryDirectory(prefix="oracle-bench-memory-", dir=work_dir) as tmp:
+        preset = dataclasses.replace(get_preset("tiny-qwen3"), name="tiny-qwen3-vocab152k", vocab_size=MEMORY_VOCAB,
+                                     description="tiny-qwen3 with Qwen3's vocabulary (memory benchmark)")
+        model_dir = make_model(preset, Path(tmp) / "model")
+        config = memory_config(model_dir, Path(tmp) / "report", trials, max_tokens, device)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, json.dumps(config)], capture_output=True,
+                              text=True, check=False)
+        seconds = time.perf_counter() - t0
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise ConfigError(f"bench memory: the run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    row_mib = MEMORY_VOCAB * 4 / 2**20
+    rows = {"trials": trials, "vocab_size": MEMORY_VOCAB, "max_tokens": max_tokens, "device": device,
+            "full_rows_per_trial_mib": round(row_mib * max_tokens, 2), "seconds": round(seconds, 1), **result}
+    print(f"peak RSS {result['peak_rss_mib']} MiB: oracle run of {trials} trials, vocab {MEMORY_VOCAB}, "
+          f"max_tokens {max_tokens}, logits full, {device} ({rows['seconds']} s; a trial's full rows are "
+          f"{rows['full_rows_per_trial_mib']} MiB)", flush=True)
+    _write(json_path, rows)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m oracle.bench memory [--trials N] [--max-tokens N] [--device D] [--json FILE]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m oracle.bench")
+    sub = parser.add_subparsers(dest="what", required=True)
+    mem = sub.add_parser("memory", help="peak RSS of a run of N trials of a 152k-vocabulary config")
+    mem.add_argument("--trials", type=int, default=1000)
+    mem.add_argument("--max-tokens", type=int, default=16)
+    mem.add_argument("--device", default="cpu")
+    mem.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    return bench_memory(args.json, trials=args.trials, max_tokens=args.max_tokens, device=args.device)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

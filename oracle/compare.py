@@ -1,12 +1,17 @@
 """Bitwise comparison of two completions of the same target.
 
 Token ids are compared as ints; logprobs and logits by their float32 bit patterns, so -0.0
-and 0.0 differ and NaNs with different payloads differ. ULP distance is the distance between
-two float32 values on the ordered integer line of their bit patterns.
+and 0.0 differ. A NaN or infinite logprob, or a logits row holding NaN or +Inf, equals nothing,
+itself included: a broken model never compares equal by accident (oracle.execute refuses such
+outputs before any check reads them; this is the second line). ULP distance is the distance
+between two float32 values on the ordered integer line of their bit patterns (None when one is
+not finite).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,20 +51,49 @@ class Divergence:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def row_digest(row: Any) -> str:
+    """sha256 of a logits row's float32 bytes: two rows are bitwise equal iff their digests are."""
+    return hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).hexdigest()
+
+
+def _row(c: Completion, i: int) -> Any:
+    """Step i's logits row, or None where the completion carries none (or kept only its digest)."""
+    return c.logits[i] if c.logits is not None and i < len(c.logits) else None
+
+
+def _finite_row(row: Any) -> bool:
+    """No NaN and no +Inf (-Inf is a masked logit)."""
+    return not bool(np.any(np.isnan(row) | np.isposinf(row)))
+
+
 def _logits_equal(a: Completion, b: Completion, i: int) -> tuple[bool | None, float | None]:
-    """(rows bitwise equal, max abs diff) at step i, or (None, None) when neither carries logits."""
-    if a.logits is not None and b.logits is not None and i < len(a.logits) and i < len(b.logits):
-        ra = np.asarray(a.logits[i], dtype=np.float32)
-        rb = np.asarray(b.logits[i], dtype=np.float32)
+    """(rows bitwise equal, max abs diff) at step i, or (None, None) when neither carries logits.
+
+    Both rows present: compared bit by bit, with the max abs difference. A row holding NaN or +Inf
+    never equals anything (a broken model must not pass as equal by accident). Otherwise the rows'
+    digests are compared (oracle.execute keeps only the rows a divergence needs, and every row's digest).
+    """
+    ra, rb = _row(a, i), _row(b, i)
+    if ra is not None and rb is not None:
+        ra = np.asarray(ra, dtype=np.float32)
+        rb = np.asarray(rb, dtype=np.float32)
         if ra.shape != rb.shape:
             return False, None
-        same = bool(np.array_equal(ra.view(np.uint32), rb.view(np.uint32)))
-        return same, float(np.max(np.abs(ra.astype(np.float64) - rb.astype(np.float64))))
+        equal_bits = ra.view(np.uint32) == rb.view(np.uint32)
+        same = bool(equal_bits.all()) and _finite_row(ra)
+        with np.errstate(invalid="ignore"):  # -inf - -inf where a logit is masked in both: no difference
+            diff = np.where(equal_bits, 0.0, np.abs(ra.astype(np.float64) - rb.astype(np.float64)))
+        return same, float(np.max(diff))
     if a.logits_digests is not None and b.logits_digests is not None and i < min(
         len(a.logits_digests), len(b.logits_digests)
     ):
         return a.logits_digests[i] == b.logits_digests[i], None
     return None, None
+
+
+def same_logprob(a: float, b: float) -> bool:
+    """Bitwise equal and finite: a NaN or infinite logprob never equals anything, itself included."""
+    return f32_bits(a) == f32_bits(b) and math.isfinite(a)
 
 
 def first_divergence(expected: Completion, actual: Completion) -> Divergence | None:
@@ -70,7 +104,7 @@ def first_divergence(expected: Completion, actual: Completion) -> Divergence | N
         et, at = expected.token_ids[i], actual.token_ids[i]
         el, al = expected.logprobs[i], actual.logprobs[i]
         logits_same, max_abs = _logits_equal(expected, actual, i)
-        lp_same = f32_bits(el) == f32_bits(al)
+        lp_same = same_logprob(el, al)
         if et == at and lp_same and logits_same is not False:
             continue
         kind = "token" if et != at else ("logprob" if not lp_same else "logits")
@@ -79,7 +113,8 @@ def first_divergence(expected: Completion, actual: Completion) -> Divergence | N
             margin = float(expected.top2[i][0] - expected.top2[i][1])
         return Divergence(
             step=i, kind=kind, expected_token=et, actual_token=at, expected_logprob=el, actual_logprob=al,
-            ulp=ulp_distance(el, al), max_abs_logits_diff=max_abs, reference_margin=margin,
+            ulp=ulp_distance(el, al) if math.isfinite(el) and math.isfinite(al) else None,
+            max_abs_logits_diff=max_abs, reference_margin=margin,
             first_token_step=first_token,
         )
     if len(expected.token_ids) != len(actual.token_ids):

@@ -7,11 +7,13 @@ the evidence of what shared its forward passes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["MODES", "Completion", "Engine", "Mode", "Request", "RunSpec", "SamplingParams", "StepEvidence"]
+__all__ = ["MODES", "Completion", "Engine", "Mode", "Request", "RunSpec", "SamplingParams", "StepEvidence",
+           "output_problem"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -101,6 +103,10 @@ class Engine(Protocol):
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         """Run all requests (arriving as given) to completion; one Completion per request, in order.
 
+        Each completion holds exactly `sampling.max_tokens` tokens (EOS does not stop a request),
+        unless the engine has an attribute `stop_at_eos` that is true; every logprob is finite.
+        `oracle.execute.generate` checks this (`output_problem`): anything else is an engine error.
+
         `max_num_batched_tokens`, when given, is this call's token budget per forward pass (a
         trial's chunked-prefill budget); an engine that cannot change it per call raises
         `oracle.errors.ConfigError`.
@@ -126,3 +132,52 @@ class RunSpec:
     target_index: int
     budget: int | None = None
     warm_with: tuple[Request, ...] = ()
+
+
+def _nonfinite(values: Any) -> tuple[int, float] | None:
+    """(index, value) of the first NaN or +Inf in a float32 row, or None. -Inf is allowed: a masked logit."""
+    import numpy as np
+
+    row = np.asarray(values, dtype=np.float32).reshape(-1)
+    bad = np.flatnonzero(np.isnan(row) | np.isposinf(row))
+    return (int(bad[0]), float(row[bad[0]])) if bad.size else None
+
+
+def output_problem(request: Request, c: Any, stop_at_eos: bool = False) -> str | None:
+    """What makes `c` an impossible output for `request`, or None when it is a well-formed Completion.
+
+    A broken model (NaN or Inf weights) or a lying server must never compare equal by accident, so
+    these are engine faults, not data: a non-Completion; token ids that are not ints; more tokens
+    than `max_tokens`, or fewer unless the engine stops at EOS; per-step lists of other lengths; a
+    sampled-token logprob that is NaN or +-Inf (a sampled token has a finite probability); a top-1
+    that is not finite or a top-2 that is NaN or +Inf; a logits row with a NaN or +Inf.
+    """
+    if not isinstance(c, Completion):
+        return f"returned {type(c).__name__}, not a Completion"
+    if not isinstance(c.token_ids, list) or not isinstance(c.logprobs, list):
+        return "token_ids and logprobs must be lists"
+    n, want = len(c.token_ids), request.sampling.max_tokens
+    if n > want or (n < want and not (stop_at_eos and n > 0)):
+        return (f"{n} tokens for max_tokens {want} (a request generates exactly max_tokens: "
+                "EOS is ignored, so a short output is a truncated one)")
+    bad_id = next((t for t in c.token_ids if type(t) is not int or t < 0), None)
+    if bad_id is not None:
+        return f"token id {bad_id!r} is not a non-negative int"
+    for name in ("logprobs", "logits", "logits_digests", "top2"):
+        values = getattr(c, name)
+        if values is not None and len(values) != n:
+            return f"{len(values)} {name} for {n} tokens"
+    for i, lp in enumerate(c.logprobs):
+        if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
+            return f"step {i}: the sampled token's logprob is {lp!r}, not a finite number"
+    for i, pair in enumerate(c.top2 or ()):
+        top1, top2 = (float(v) for v in pair)
+        if not math.isfinite(top1) or math.isnan(top2) or top2 == math.inf:
+            return f"step {i}: top-2 logits ({top1!r}, {top2!r}) are not finite"
+    for i, row in enumerate(c.logits or ()):
+        if row is None:
+            return f"step {i}: no logits row"
+        found = _nonfinite(row)
+        if found is not None:
+            return f"step {i}: logits row holds {found[1]!r} at token {found[0]}"
+    return None

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from oracle.compare import first_divergence, step_of
-from oracle.contract import Completion, Engine, Mode, Request, RunSpec
+import numpy as np
+
+from oracle.compare import Divergence, first_divergence, row_digest, step_of
+from oracle.contract import Completion, Engine, Mode, Request, RunSpec, output_problem
 from oracle.errors import EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
@@ -49,16 +51,53 @@ class ModeResult:
 
 
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
-    """engine.generate with every failure turned into EngineError (exit 3)."""
+    """engine.generate with every failure turned into EngineError (exit 3).
+
+    Every completion is checked against its request (`oracle.contract.output_problem`): a NaN or
+    infinite logprob or logits value, or fewer tokens than asked, is an engine error naming the mode,
+    the request and the step. Outputs that are not numbers cannot be judged, so no check may read
+    them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.
+    """
     try:
         out = engine.generate(requests, budget) if budget else engine.generate(requests)
     except OracleError:
         raise
     except Exception as e:  # noqa: BLE001 - any engine failure becomes exit 3 with a partial report
         raise EngineError(f"engine raised {type(e).__name__}: {e}") from e
+    if not isinstance(out, list):
+        raise EngineError(f"engine generate() returned {type(out).__name__}, not a list of Completions")
     if len(out) != len(requests):
         raise EngineError(f"engine returned {len(out)} completions for {len(requests)} requests")
+    stop_at_eos = getattr(engine, "stop_at_eos", False) is True
+    for r, c in zip(requests, out, strict=True):
+        problem = output_problem(r, c, stop_at_eos)
+        if problem is not None:
+            raise EngineError(f"{getattr(engine, 'mode', 'the')} engine, request {r.request_id}: {problem}; "
+                              "the model or server is broken (NaN/Inf weights, a truncated answer)")
     return out
+
+
+def keep_rows(c: Completion, steps: Iterable[int | None] = ()) -> Completion:
+    """`c` holding its logits rows only at `steps` (None elsewhere) and every row's sha256 in `logits_digests`.
+
+    What a stored result needs: the judge compares rows where both are kept and digests elsewhere,
+    and a divergence reads the rows at its first differing step, which the caller keeps. A trial's
+    full rows are 608 KB a step at a 152k vocabulary; kept whole, 1,000 trials held ~10 GB. Kept rows
+    are copied, so they do not pin the engine's [R, vocab] array of the whole step. Completions
+    without rows are returned as they are.
+    """
+    if c.logits is None:
+        return c
+    keep = {i for i in steps if i is not None}
+    digests = [row_digest(row) if row is not None else c.logits_digests[i]  # type: ignore[index]
+               for i, row in enumerate(c.logits)]
+    rows = [np.array(row, dtype=np.float32) if i in keep and row is not None else None
+            for i, row in enumerate(c.logits)]
+    return replace(c, logits=rows, logits_digests=digests)
+
+
+def _step(d: Divergence | None) -> int | None:
+    return None if d is None else d.step
 
 
 def fresh(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
@@ -106,15 +145,30 @@ class ModeExecution:
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
         )
 
-    def run_trial(self, trial: Trial) -> Completion:
+    def run_trial(self, trial: Trial, keep_all: bool = False) -> Divergence | None:
+        """Run a trial and compare its target with the solo run as it comes; keep what the judge needs:
+        every row's digest and the rows at the first divergence (all rows while a repeat is to come)."""
         assert self.engine is not None
         requests, at = trial_requests(self.plan, trial)
         out = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
-        self.trials[trial.trial_id] = out
-        return out
+        d = first_divergence(self.solo[trial.target], out)
+        keep = range(len(out.token_ids)) if keep_all else (_step(d),)
+        self.trials[trial.trial_id] = keep_rows(out, keep)
+        return d
 
-    def diverges(self, trial: Trial) -> bool:
-        return first_divergence(self.solo[trial.target], self.run_trial(trial)) is not None
+    def diverges(self, trial: Trial, keep_all: bool = False) -> bool:
+        return self.run_trial(trial, keep_all) is not None
+
+    def run_repeat(self, trial: Trial) -> None:
+        """The trial again; then both keep their rows only where a divergence reads them."""
+        assert self.engine is not None
+        requests, at = trial_requests(self.plan, trial)
+        again = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
+        first = self.trials[trial.trial_id]
+        d_rep = _step(first_divergence(first, again))
+        d_solo = _step(first_divergence(self.solo[trial.target], first))
+        self.repeats[trial.trial_id] = keep_rows(again, (d_rep,))
+        self.trials[trial.trial_id] = keep_rows(first, (d_solo, d_rep))
 
     def run(self) -> None:
         cfg = self.plan.config
@@ -131,14 +185,15 @@ class ModeExecution:
         self.describe = self.engine.describe()
         try:
             for i in range(len(plan.targets)):
-                self.solo[i] = fresh(self.engine, [solo_request(plan, i)])[0]
+                solo = fresh(self.engine, [solo_request(plan, i)])[0]
+                self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
                 self.observer.advance(0)
+            repeated = {t.trial_id for t in plan.trials[:n_repeat]}
             for trial in plan.trials:
-                self.divergent += self.diverges(trial)
+                self.divergent += self.diverges(trial, keep_all=trial.trial_id in repeated)
                 self.observer.advance(self.divergent)
             for trial in plan.trials[:n_repeat]:
-                requests, at = trial_requests(plan, trial)
-                self.repeats[trial.trial_id] = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
+                self.run_repeat(trial)
                 self.observer.advance(self.divergent)
             if invariant and checks.invariance.requirement != "off":
                 self._shrink_and_localize()

@@ -9,6 +9,7 @@ invariant solo against production solo within the config's tolerances.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -260,21 +261,33 @@ def fidelity(runs: Runs, requirement: str) -> Judged:
             continue
         n += 1
         ours = inv.solo[t]  # type: ignore[union-attr]
+        name = runs.targets[t].name
+        if len(ref.token_ids) != len(ours.token_ids):
+            problems.append(f"{name}: {len(ours.token_ids)} tokens in invariant mode, {len(ref.token_ids)} in "
+                            "production")
         for i in range(min(len(ref.token_ids), len(ours.token_ids))):
             if ref.token_ids[i] != ours.token_ids[i]:
                 margin = ref.top2[i][0] - ref.top2[i][1] if ref.top2 else None
-                if margin is None or margin >= cfg.near_tie:
-                    problems.append(f"{runs.targets[t].name} step {i}: token {ours.token_ids[i]} vs "
+                if not within(margin, cfg.near_tie, strict=True):  # a NaN margin is no near tie
+                    problems.append(f"{name} step {i}: token {ours.token_ids[i]} vs "
                                     f"{ref.token_ids[i]} at margin {margin}")
                 break  # after a token flip the continuations are different texts
-            max_lp = max(max_lp, abs(ref.logprobs[i] - ours.logprobs[i]))
-            if ref.logits is not None and ours.logits is not None:
-                max_kl = max(max_kl or 0.0, _kl(ref.logits[i], ours.logits[i]))
+            lp_diff = abs(ref.logprobs[i] - ours.logprobs[i])
+            if not math.isfinite(lp_diff):  # never folded into the max: max(0.0, nan) is 0.0
+                problems.append(f"{name} step {i}: logprob {ours.logprobs[i]} vs {ref.logprobs[i]} is not finite")
+            else:
+                max_lp = max(max_lp, lp_diff)
+            if _row(ref, i) is not None and _row(ours, i) is not None:
+                kl = _kl(_row(ref, i), _row(ours, i))
+                if not math.isfinite(kl):
+                    problems.append(f"{name} step {i}: KL {kl} is not finite")
+                else:
+                    max_kl = max(max_kl or 0.0, kl)
     ev = {"targets": n, "max_abs_logprob_diff": max_lp, "max_kl": max_kl,
           "tolerances": {"logprob": cfg.max_logprob_diff, "kl": cfg.max_kl, "near_tie": cfg.near_tie}}
-    if max_lp > cfg.max_logprob_diff:
+    if not within(max_lp, cfg.max_logprob_diff):
         problems.append(f"max |dlogprob| {max_lp:.3g} > {cfg.max_logprob_diff}")
-    if max_kl is not None and max_kl > cfg.max_kl:
+    if max_kl is not None and not within(max_kl, cfg.max_kl):
         problems.append(f"max KL {max_kl:.3g} > {cfg.max_kl}")
     if n == 0:
         return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="vacuous", evidence=ev,
@@ -415,6 +428,17 @@ def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
         results.append(judged.result)
         divergences += judged.divergences
     return results, divergences
+
+
+def within(value: float | None, tolerance: float, strict: bool = False) -> bool:
+    """value <= tolerance (< when strict) for a finite value; NaN, infinities and None are never within."""
+    if value is None or not math.isfinite(value):
+        return False
+    return value < tolerance if strict else value <= tolerance
+
+
+def _row(c: Completion, i: int) -> Any:
+    return c.logits[i] if c.logits is not None and i < len(c.logits) else None
 
 
 def _kl(p_logits: Any, q_logits: Any) -> float:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
+import math
 import os
 import signal
 import socket
@@ -59,6 +61,7 @@ EVIDENCE = ("client-side concurrency: num_seqs is the most requests in flight at
 _LOG_TAIL_LINES = 15
 _BODY_EXCERPT = 200
 _STOP_GRACE_S = 5.0
+_EXIT_WAIT_S = 2.0  # after a failed request: how long a dying server may take to exit
 TRANSIENT_STATUS = (429, 500, 502, 503, 504)
 _MAX_BACKOFF_S = 8.0
 SHARED_URL_WARNING = ("one base_url serves both modes: invariant and production runs hit the same server, "
@@ -87,6 +90,20 @@ def _one_line(text: str, limit: int = _BODY_EXCERPT) -> str:
 def _f32(x: float) -> float:
     """The float32 value of a JSON number (servers print float32 logprobs as decimal)."""
     return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+def _finite(x: Any, where: str) -> float:
+    """A logprob from the answer as float32; null, NaN, Infinity or a non-number is a malformed answer
+    (a sampled or listed token has a finite logprob; a broken model must not compare equal to itself)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"{where} is {x!r}, not a number")
+    try:
+        value = _f32(float(x))
+    except OverflowError:  # beyond float32
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"{where} is {x!r}, not a finite logprob")
+    return value
 
 
 def _token_id(token: str) -> int:
@@ -124,20 +141,28 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
     if not isinstance(lp, dict):
         raise ValueError("no logprobs in the answer")
     ids = choice.get("token_ids")  # servers that return ids beside the text (SGLang's return_token_ids)
-    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+    if isinstance(ids, list) and ids and all(type(t) is int for t in ids):  # not bool: True is no token id
         token_ids = list(ids)
     else:
         token_ids = [_token_id(t) for t in lp["tokens"]]
-    logprobs = [_f32(float(x)) if x is not None else float("nan") for x in lp["token_logprobs"]]
+    want = request.sampling.max_tokens
+    if len(token_ids) != want:
+        raise ValueError(f"{len(token_ids)} tokens for max_tokens {want} (finish_reason "
+                         f"{choice.get('finish_reason')!r}); the server must honour ignore_eos and max_tokens")
+    logprobs = [_finite(x, f"token_logprobs[{i}]") for i, x in enumerate(lp["token_logprobs"])]
     if len(logprobs) != len(token_ids):
         raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
     digests: list[str] = []
     top2: list[tuple[float, float]] = []
-    for step in lp.get("top_logprobs") or []:
-        top = {_top_key(t): _f32(float(v)) for t, v in (step or {}).items()}
+    for i, step in enumerate(lp.get("top_logprobs") or []):
+        if not isinstance(step, dict):
+            raise ValueError(f"top_logprobs[{i}] is {step!r}, not an object")
+        top = {_top_key(t): _finite(v, f"top_logprobs[{i}][{t!r}]") for t, v in step.items()}
+        if len(top) < 2:
+            raise ValueError(f"top_logprobs[{i}] holds {len(top)} entries; asked for at least 2")
         values = sorted(top.values(), reverse=True)
         digests.append(topk_digest(top))
-        top2.append((values[0] if values else float("nan"), values[1] if len(values) > 1 else float("nan")))
+        top2.append((values[0], values[1]))
     evidence = [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i)
                 for i in range(len(token_ids))]
     want = request.sampling.logits != "none"
@@ -184,9 +209,8 @@ class OpenAIEngine:
             raise ConfigError(f"{_option('base_url')}: give base_url (a running server) or command (to start one)")
         if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
             raise ConfigError(f"{_option('command')}: must be a list of strings")
-        if command is not None and not any("{host}" in c for c in command):
-            raise ConfigError(f"{_option('command')}: must bind the server to {{host}} "
-                              f"(oracle starts servers on {HOST} only)")
+        if command is not None:
+            check_bind(command)
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"{_option('max_retries')}: must be an integer >= 0, got {max_retries!r}")
         if not isinstance(retry_backoff_s, (int, float)) or retry_backoff_s < 0:
@@ -229,6 +253,11 @@ class OpenAIEngine:
             server_env.update(self.mode_env)
             base_url = f"http://{HOST}:{port}"
             self._server = _Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
+            try:
+                self._server.check_loopback(port)
+            except BaseException:
+                self.close()
+                raise
         self.base_url = base_url.rstrip("/")
         try:
             self._info = self._probe(served_model_name)
@@ -260,6 +289,7 @@ class OpenAIEngine:
             try:
                 r = self._httpx.get(url, timeout=min(self.request_timeout_s, 30.0), headers=self._headers)
             except self._httpx.HTTPError as e:
+                self._raise_if_server_died(url, e)
                 if self._retry(e, attempt):
                     time.sleep(self._backoff(attempt))
                     attempt += 1
@@ -270,6 +300,17 @@ class OpenAIEngine:
                 attempt += 1
                 continue
             return self._answer(url, r, attempt)
+
+    def _raise_if_server_died(self, url: str, e: BaseException) -> None:
+        """A failed request to a server this engine started: if the server exited, say so (with its
+        exit code and the last lines of its log), not the connection error it left behind."""
+        server = self._server
+        if server is None:
+            return
+        code = server.exit_code(wait_s=_EXIT_WAIT_S)
+        if code is not None:
+            raise EngineError(f"the server exited with code {code} while answering {url} "
+                              f"({type(e).__name__}){server.log_tail()}") from e
 
     def _retry(self, failure: BaseException | int, attempt: int) -> bool:
         """Whether `failure` is transient and retries are left; counts the retry it allows."""
@@ -385,9 +426,11 @@ class OpenAIEngine:
             try:
                 r = await client.post(url, json=body, headers=self._headers)
             except httpx.TimeoutException as e:
+                self._raise_if_server_died(url, e)
                 raise EngineError(f"{url}: no answer within {self.request_timeout_s:g} s "
                                   f"({_option('request_timeout_s')}): {type(e).__name__}") from e
             except httpx.HTTPError as e:
+                self._raise_if_server_died(url, e)
                 if self._retry(e, attempt):
                     await asyncio.sleep(self._backoff(attempt))
                     attempt += 1
@@ -410,6 +453,59 @@ class OpenAIEngine:
         return self._server.proc.pid if self._server is not None else None
 
 
+def check_bind(command: list[str]) -> None:
+    """A server command binds {host} (127.0.0.1) and names no other address: ConfigError otherwise.
+
+    A server on 0.0.0.0 would expose an unauthenticated model server to the runner's network for the
+    run. oracle cannot rewrite an arbitrary server's flags (each spells its bind option its own way,
+    and env vars or config files can set it too), so it refuses instead: here any IP literal that is
+    not loopback (0.0.0.0, ::, a LAN address), as an argument or the value of `--flag=VALUE`; and once
+    the server answers, `listening_hosts` checks what it really bound.
+    """
+    if not any("{host}" in c for c in command):
+        raise ConfigError(f"{_option('command')}: must bind the server to {{host}} "
+                          f"(oracle starts servers on {HOST} only)")
+    for item in command:
+        value = item.rpartition("=")[2] if item.startswith("-") else item
+        try:
+            address = ipaddress.ip_address(value.strip("[]"))
+        except ValueError:
+            continue
+        if not address.is_loopback:
+            raise ConfigError(f"{_option('command')}: {item!r} binds {address}, not loopback; oracle starts "
+                              f"servers on {HOST} only: pass {{host}} instead")
+
+
+def listening_hosts(port: int) -> list[str] | None:
+    """The addresses of the sockets listening on TCP `port` (Linux's /proc/net/tcp{,6}); None elsewhere."""
+    hosts: list[str] = []
+    readable = False
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 4 or parts[3] != "0A":  # 0A: LISTEN
+                continue
+            addr_hex, _, port_hex = parts[1].partition(":")
+            if int(port_hex, 16) != port:
+                continue
+            raw = bytes.fromhex(addr_hex)
+            # the kernel prints each 32-bit word of the address in host (little-endian) order
+            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            hosts.append(str(ipaddress.ip_address(packed)))
+    return hosts if readable else None
+
+
+def _is_loopback(host: str) -> bool:
+    address = ipaddress.ip_address(host)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 def _substitute(item: str, subs: dict[str, str]) -> str:
     for key, value in subs.items():
         item = item.replace(key, value)
@@ -423,12 +519,16 @@ def _free_port() -> int:
 
 
 class _Server:
-    """A server process this engine started, in a session of its own; every wait has a deadline."""
+    """A server process this engine started, in a session of its own; every wait has a deadline.
+
+    Its output goes to a temporary log, removed when the server is stopped (or the engine dropped):
+    errors carry the log's last lines, so nothing is left in the temp folder.
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         self.proc, self.log_path = proc, log_path
-        # Kill the server if the engine is dropped without close(), or at interpreter exit.
-        self._finalizer = weakref.finalize(self, _kill, proc)
+        # Kill the server (and remove its log) if the engine is dropped without close(), or at interpreter exit.
+        self._finalizer = weakref.finalize(self, _kill, proc, log_path)
 
     @classmethod
     def start(cls, argv: list[str], env: dict[str, str], base_url: str, timeout_s: float, httpx: Any) -> _Server:
@@ -438,6 +538,8 @@ class _Server:
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(log_name)
             raise EngineError(f"{_option('command')}: cannot start {argv[0]!r}: {e}") from e
         server = cls(proc, Path(log_name))
         try:
@@ -452,11 +554,11 @@ class _Server:
         paths = ["/health", "/v1/models"]
         while True:
             if self.proc.poll() is not None:
-                raise EngineError(f"server exited with code {self.proc.returncode} while starting"
-                                  f"{self._log_tail()}")
+                raise EngineError(f"the server exited with code {self.proc.returncode} while starting"
+                                  f"{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise EngineError(f"server at {base_url} not ready within {timeout_s:g} s "
-                                  f"({_option('startup_timeout_s')}){self._log_tail()}")
+                                  f"({_option('startup_timeout_s')}){self.log_tail()}")
             for path in list(paths):
                 try:
                     r = httpx.get(base_url + path, timeout=2.0)
@@ -468,17 +570,31 @@ class _Server:
                     paths.remove(path)  # no /health: fall back to /v1/models
             time.sleep(0.25)
 
+    def check_loopback(self, port: int) -> None:
+        """ConfigError when the server listens on `port` at an address other than loopback (0.0.0.0)."""
+        hosts = listening_hosts(port)
+        exposed = [h for h in hosts or () if not _is_loopback(h)]
+        if exposed:
+            raise ConfigError(f"{_option('command')}: the server listens on {exposed[0]} port {port}, not only "
+                              f"on {HOST}; oracle starts servers on loopback only: bind it to {{host}}")
+
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """The server's exit code once it has exited (waiting up to `wait_s`), else None."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.proc.wait(timeout=wait_s) if wait_s > 0 else self.proc.poll()
+        return None
+
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise EngineError(f"server exited with code {self.proc.returncode}{self._log_tail()}")
+            raise EngineError(f"the server exited with code {self.proc.returncode}{self.log_tail()}")
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
         tail = "\n".join(lines[-_LOG_TAIL_LINES:])
-        return f"\n--- server log {self.log_path} (last {_LOG_TAIL_LINES} lines) ---\n{tail}" if tail else ""
+        return f", last lines of its output:\n{tail}" if tail else " (it printed nothing)"
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL it if it has not exited after a few seconds."""
@@ -486,10 +602,7 @@ class _Server:
             _signal_group(self.proc, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=_STOP_GRACE_S)
-        self._finalizer()  # SIGKILLs the group (children too) and reaps
-        if self.proc.returncode in (0, -signal.SIGTERM):
-            with contextlib.suppress(OSError):
-                self.log_path.unlink()
+        self._finalizer()  # SIGKILLs the group (children too), reaps, removes the log
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -498,7 +611,9 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes], log_path: Path) -> None:
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    with contextlib.suppress(OSError):
+        log_path.unlink()

@@ -29,7 +29,7 @@ import torch
 from oracle.contract import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.engines.transformers_packed import Packing, SequenceCache, packed
-from oracle.errors import ConfigError, EngineError
+from oracle.errors import ConfigError, EngineError, ModelError
 
 
 @dataclass
@@ -79,6 +79,11 @@ class TransformersEngine:
             self.model = loaded.to(self.device)  # type: ignore[arg-type]
         except (OSError, ValueError, KeyError) as e:
             raise EngineError(f"transformers could not load {model}: {e}") from e
+        from oracle.engines.native.loader import nonfinite_weights
+
+        problem = nonfinite_weights(self.model.named_parameters())
+        if problem is not None:
+            raise ModelError(f"{model}: {problem}")
         self.model.eval()
         self.pad_id = 0
         # The packed pass in flight: (request index, first row, new tokens, first position) per sequence.

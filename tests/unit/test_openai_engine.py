@@ -25,6 +25,7 @@ from oracle.errors import ConfigError, EngineError
 
 STUB = r'''
 import json
+import os
 import random
 import sys
 import threading
@@ -32,8 +33,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def completion(body):
-    """Token i of a prompt is (sum(prompt) + i) % 1000 with logprob -0.125 * (i + 1)."""
+def completion(body, fault=""):
+    """Token i of a prompt is (sum(prompt) + i) % 1000 with logprob -0.125 * (i + 1); `fault` breaks the answer."""
     base = sum(body["prompt"]) % 1000
     k = body.get("logprobs") or 0
     tokens, lps, tops = [], [], []
@@ -44,9 +45,23 @@ def completion(body):
         lps.append(lp)
         # listed worst first, so the engine must sort
         tops.append({f"token_id:{(t + j) % 1000}": lp - j for j in reversed(range(k))})
+    if fault == "nan":
+        lps[-1] = float("nan")  # json writes NaN, which json.loads reads back
+    elif fault == "null":
+        lps[1] = None
+    elif fault == "inf":
+        lps[0] = float("-inf")
+    elif fault == "short":
+        tokens.pop(), lps.pop(), tops.pop()
+    elif fault == "top_nan":
+        tops[0] = {key: float("nan") for key in tops[0]}
+    elif fault == "top_one":
+        tops[0] = dict(list(tops[0].items())[:1])
     logprobs = {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": [0] * len(tokens)}
-    return {"object": "text_completion", "model": body["model"],
-            "choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": logprobs}]}
+    choice = {"index": 0, "text": "", "finish_reason": "stop" if fault == "short" else "length", "logprobs": logprobs}
+    if fault == "bool_ids":
+        choice["token_ids"] = [True] * len(tokens)
+    return {"object": "text_completion", "model": body["model"], "choices": [choice]}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -73,6 +88,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if os.environ.get("STUB_EXIT_ON_POST"):  # a server that crashes on its first completion request
+            print("stub: dying on a completion request", flush=True)
+            os._exit(int(os.environ["STUB_EXIT_ON_POST"]))
         s = self.server
         with s.lock:
             s.in_flight += 1
@@ -95,7 +113,7 @@ class Handler(BaseHTTPRequestHandler):
         elif s.status != 200:
             self._send(s.status, {"error": "stub says no"})
         else:
-            self._send(200, completion(body))
+            self._send(200, completion(body, s.fault))
 
 
 class Stub(ThreadingHTTPServer):
@@ -110,6 +128,7 @@ class Stub(ThreadingHTTPServer):
         self.delay_s, self.status = 0.2, 200
         self.fail_first = self.drop_first = 0   # answer 503 / drop the connection for the first N requests
         self.jitter_s, self.rng = 0.0, random.Random(0)
+        self.fault = ""  # see completion()
 
     def handle_error(self, request, client_address):
         pass  # a client that timed out and left: nothing to report
@@ -432,7 +451,7 @@ def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
 
     choice = {"token_ids": [5, 9], "logprobs": {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
                                                 "top_logprobs": [{"he": -0.5, "ha": -1.0}, {"llo": -0.25, "y": -2.0}]}}
-    c = parse_choice(Request("a", (1,), GREEDY), choice, 1)
+    c = parse_choice(Request("a", (1,), SamplingParams(max_tokens=2, logits="digest")), choice, 1)
     assert c.token_ids == [5, 9] and c.logprobs == [-0.5, -0.25]
     assert c.top2 == [(-0.5, -1.0), (-0.25, -2.0)]
     import numpy as np
@@ -463,3 +482,104 @@ def test_a_started_server_is_stopped_when_the_engine_fails_after_start(tmp_path:
     with pytest.raises(ConfigError, match="served_model_name"):
         OpenAIEngine(tmp_path, "production", command=command, served_model_name="another-model", startup_timeout_s=30)
     assert not _alive(int(pid_file.read_text()))
+
+
+# --- issue 17: broken answers are engine errors; a crashed server is named; no logs left; loopback only ----
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    ("nan", r"token_logprobs\[3\] is nan, not a finite logprob"),
+    ("null", r"token_logprobs\[1\] is None, not a number"),
+    ("inf", r"token_logprobs\[0\] is -inf"),
+    ("short", r"3 tokens for max_tokens 4 \(finish_reason 'stop'\)"),
+    ("top_nan", r"top_logprobs\[0\]\['token_id:\d+'\] is nan"),
+    ("top_one", r"top_logprobs\[0\] holds 1 entries"),
+])
+def test_non_finite_or_short_answers_are_engine_errors(stub: Any, tmp_path: Path, fault: str, says: str) -> None:
+    """The same NaN in the reference and every trial would be bitwise equal: a broken server, not a pass."""
+    stub.delay_s, stub.fault = 0.0, fault
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    with pytest.raises(EngineError, match=f"unexpected answer for request r0: ValueError: {says}"):
+        engine.generate(_reqs(1))
+
+
+def test_boolean_token_ids_are_not_token_ids(stub: Any, tmp_path: Path) -> None:
+    stub.delay_s, stub.fault = 0.0, "bool_ids"
+    [c] = OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate([Request("a", (7, 8, 9), GREEDY)])
+    assert c.token_ids == [24, 25, 26, 27] and all(type(t) is int for t in c.token_ids)
+
+
+def _stub_command(script: Path, host: str = "{host}") -> list[str]:
+    return ["{python}", "-c", "import os, runpy, sys; sys.argv = [sys.argv[1], sys.argv[2], "
+            "os.environ.get('STUB_BIND') or sys.argv[3]]; runpy.run_path(sys.argv[0], run_name='__main__')",
+            str(script), "{port}", host]
+
+
+@pytest.fixture
+def server_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs_httpx: None) -> Path:
+    """The temp folder where started servers' logs go, for this test alone."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_a_server_that_crashes_mid_run_is_named_with_its_exit_code_and_output(tmp_path: Path,
+                                                                              server_tmp: Path) -> None:
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    engine = OpenAIEngine(tmp_path, "production", command=_stub_command(script), env={"STUB_EXIT_ON_POST": "7"},
+                          startup_timeout_s=30, retry_backoff_s=0)
+    try:
+        assert list(server_tmp.glob("oracle-server-*.log"))  # while it runs, its output is kept
+        with pytest.raises(EngineError, match=r"(?s)the server exited with code 7 while answering .*/v1/completions"
+                                              r".*last lines of its output:\nstub: dying on a completion request"):
+            engine.generate(_reqs(1))
+    finally:
+        engine.close()
+    assert not list(server_tmp.glob("oracle-server-*.log"))
+
+
+def test_a_server_that_fails_to_start_leaves_no_log(tmp_path: Path, server_tmp: Path) -> None:
+    command = ["{python}", "-c", "import sys; print('no model here', flush=True); sys.exit(3)", "{host}"]
+    with pytest.raises(EngineError, match=r"(?s)exited with code 3 while starting.*no model here"):
+        OpenAIEngine(tmp_path, "production", command=command, startup_timeout_s=30)
+    assert not list(server_tmp.glob("oracle-server-*.log"))
+
+
+@pytest.mark.parametrize("item", ["0.0.0.0", "--host=0.0.0.0", "::", "[::]", "192.168.1.5"])
+def test_a_command_naming_a_non_loopback_address_is_refused(tmp_path: Path, item: str, needs_httpx: None) -> None:
+    command = ["vllm", "serve", "{model}", "--host", item, "--port", "{port}", "--served-model-name", "{host}"]
+    with pytest.raises(ConfigError, match=r"engine.options.command: .* not loopback"):
+        OpenAIEngine(tmp_path, "production", command=command)
+
+
+def test_a_server_that_binds_every_interface_anyway_is_stopped_and_refused(tmp_path: Path, server_tmp: Path) -> None:
+    """{host} is on the command line, but the server binds 0.0.0.0 (here from an env var): what it listens on decides."""
+    from oracle.engines.openai_engine import listening_hosts
+
+    if listening_hosts(1) is None:
+        pytest.skip("no /proc/net/tcp here")
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    pid_file = tmp_path / "pid"
+    command = _stub_command(script)
+    command[2] = f"open({str(pid_file)!r}, 'w').write(str(__import__('os').getpid())); " + command[2]
+    with pytest.raises(ConfigError, match=r"the server listens on 0\.0\.0\.0 port \d+, not only on 127\.0\.0\.1"):
+        OpenAIEngine(tmp_path, "production", command=command, env={"STUB_BIND": "0.0.0.0"}, startup_timeout_s=30)
+    assert not _alive(int(pid_file.read_text()))
+    assert not list(server_tmp.glob("oracle-server-*.log"))
+
+
+def test_a_loopback_server_passes_the_bind_check(tmp_path: Path, server_tmp: Path) -> None:
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    engine = OpenAIEngine(tmp_path, "production", command=_stub_command(script), startup_timeout_s=30)
+    try:
+        [c] = engine.generate([Request("a", (7, 8, 9), GREEDY)])
+        assert c.token_ids == [24, 25, 26, 27]
+    finally:
+        engine.close()
+    assert not list(server_tmp.glob("oracle-server-*.log"))

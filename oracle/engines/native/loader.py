@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -82,8 +83,29 @@ def load_decoder(model_dir: Path, dtype: torch.dtype, device: torch.device) -> D
         raise ModelError(f"{model_dir}: weights lack {len(missing)} tensors, e.g. {missing[0]}")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
-        weights.update(_read_tensors(f, dtype, device))
+        tensors = _read_tensors(f, dtype, device)
+        problem = nonfinite_weights(tensors.items())
+        if problem is not None:
+            raise ModelError(f"{f}: {problem}")
+        weights.update(tensors)
     return Decoder(config, weights)
+
+
+def nonfinite_weights(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The first tensor holding NaN or Inf (as loaded, after the cast to the engine's dtype), described.
+
+    A model with such weights computes NaN logits, and two NaN runs are bitwise equal: it must be
+    refused, never judged. A cast can make Inf too (a float32 value beyond float16's range).
+    """
+    for name, t in tensors:
+        if not t.is_floating_point():
+            continue
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            nan = int(torch.isnan(t).sum())
+            return (f"tensor {name} holds {int(bad.sum())} non-finite values ({nan} NaN, the rest Inf) as "
+                    f"{str(t.dtype).removeprefix('torch.')}: the checkpoint is broken (or overflows this dtype)")
+    return None
 
 
 def _read_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
