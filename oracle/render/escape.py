@@ -13,13 +13,15 @@ import re
 from oracle.redaction import scrub_text
 
 # XML 1.0 allows tab, newline, carriage return and everything from U+0020 except lone surrogates
-# and U+FFFE/U+FFFF; anything else makes a JUnit parser reject the whole file.
-_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+# and U+FFFE/U+FFFF; anything else makes a JUnit parser reject the whole file. DEL, the C1 controls
+# and the bidirectional overrides are allowed, but a CI page shows them as a terminal would: out too.
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+                            "\ufffe\uffff]")
 # C0 and C1 control characters (ESC starts terminal escape sequences, CSI is U+009B) and the
 # bidirectional overrides that reorder what a terminal or a browser shows; lone surrogates, which
 # no file encoding can write.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_CONTROL_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+_CONTROL_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 
 
 def _codepoint(m: re.Match[str]) -> str:

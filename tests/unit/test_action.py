@@ -9,6 +9,8 @@ real reports of the fake engine.
 from __future__ import annotations
 
 import copy
+import io
+import json
 import os
 import re
 import shutil
@@ -388,3 +390,73 @@ def test_workflow_command_escaping() -> None:
     assert escape_property("a:b,c") == "a%3Ab%2Cc"
     assert command("error", "oracle x", "line1\nline2", file="d,e.yaml") == \
         "::error file=d%2Ce.yaml,title=oracle x::line1%0Aline2"
+
+
+def _annotate(report_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    from oracle.github_action import main as action_main
+
+    out = tmp_path / "github_output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", buffer)
+    assert action_main(["annotate", str(report_dir), *args]) == 0
+    return buffer.getvalue()
+
+
+def _edit_report(report_dir: Path, **fields: Any) -> None:
+    path = report_dir / "report.json"
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+def test_annotate_a_report_with_a_lone_surrogate_and_control_bytes(
+    passing_report: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _edit_report(passing_report, error="engine died: \ud800 \x1b[2J\x00 bye", complete=False, exit_code=3)
+    printed = _annotate(passing_report, tmp_path, monkeypatch)
+    printed.encode("utf-8")  # printable on a UTF-8 stdout (it raised UnicodeEncodeError)
+    assert "\x1b" not in printed and "\x00" not in printed
+    assert "::error title=oracle engine::engine error: engine died: \\ud800 \\x1b[2J\\x00 bye" in printed
+    assert outputs_of(tmp_path)["verdict"] == "error"
+
+
+def test_annotate_never_passes_a_report_that_does_not_say_pass(
+    passing_report: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _edit_report(passing_report, error="the run started but did not finish", complete=False, exit_code=3)
+    printed = _annotate(passing_report, tmp_path, monkeypatch, "--exit-code", "0")
+    assert "oracle exited 0 but its report says 3 (did not complete)" in printed
+    assert outputs_of(tmp_path) == {"exit-code": "3", "verdict": "error", "report-dir": str(passing_report)}
+
+
+def test_annotate_with_exit_0_and_no_report_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _annotate(tmp_path / "none", tmp_path, monkeypatch, "--exit-code", "0")
+    assert outputs_of(tmp_path)["verdict"] == "error"
+
+
+def test_annotate_output_of_a_folder_name_over_lines(passing_report: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    odd = tmp_path / "a\nverdict=pass"
+    shutil.copytree(passing_report, odd)
+    _edit_report(odd, checks=[{"name": "invariance", "requirement": "required", "verdict": "fail"}])
+    _annotate(odd, tmp_path, monkeypatch)
+    outputs = _parse_github_output((tmp_path / "github_output").read_text())
+    # The folder's name stays one value: it did not add an output `verdict=pass`.
+    assert outputs == [("exit-code", "1"), ("verdict", "fail"), ("report-dir", str(odd))]
+
+
+def _parse_github_output(text: str) -> list[tuple[str, str]]:
+    """$GITHUB_OUTPUT as the runner reads it: `name=value` lines and `name<<DELIMITER` blocks."""
+    lines, out = text.splitlines(), []
+    while lines:
+        line = lines.pop(0)
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter)
+            out.append((name, "\n".join(lines[:end])))
+            lines = lines[end + 1:]
+        else:
+            name, value = line.split("=", 1)
+            out.append((name, value))
+    return out
