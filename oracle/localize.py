@@ -62,13 +62,15 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
 
     Writes the one-op repro to `repro_dir` when given. Runs on a fresh engine in the mode the report's divergence for that trial was found in
     (invariant when the report holds none); ConfigError when the trial is not in the report,
-    EngineError when the engine cannot be captured.
+    EngineError when the engine cannot be captured. Under the watchdog as `oracle run` is: the
+    engine's start, the captured runs and close each have their deadline (oracle.watchdog), so a
+    hang is an EngineError (exit 3) naming the phase.
     """
-    from oracle.engines import build_engine
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
     from oracle.replay import find_trial, report_config
     from oracle.report import load_report
+    from oracle.watchdog import LOCALIZE_CALLS, start_engine
 
     report = load_report(report_path)
     config = report_config(report, report_path)
@@ -77,13 +79,14 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     model_dir = resolve_model(config)
     plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
                 vocab_size_of(model_dir))
-    engine = build_engine(config.engine, model_dir, mode)
+    engine = start_engine(config.engine, model_dir, mode)
     try:
-        if not can_localize(engine):
+        if not can_localize(engine.engine):
             raise EngineError(f"localize: engine {config.engine.kind} cannot be captured (native, transformers "
                               "and vLLM engines can)")
         requests, at = trial_requests(plan, trial)
-        return localize_trial(engine, [solo_request(plan, trial.target)], requests, at, trial.max_num_batched_tokens,
-                              repro_dir=repro_dir)
+        solo = [solo_request(plan, trial.target)]
+        return engine.guarded(lambda inner: localize_trial(inner, solo, requests, at, trial.max_num_batched_tokens,
+                                                           repro_dir=repro_dir), "localize", calls=LOCALIZE_CALLS)
     finally:
         engine.close()

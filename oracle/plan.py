@@ -7,6 +7,7 @@ file, model), so a mistake in any of them costs seconds, not a run.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +34,10 @@ def resolve_model(config: Config) -> Path:
 
     A relative directory resolves against the config's folder. Engines that only talk to a server
     (`openai`) or are a user's own need no weights; the native engine's architecture is checked
-    from config.json here, so an unsupported model fails before the first trial.
+    from config.json here, so an unsupported model fails before the first trial, and so is the size
+    of the weights (oracle.models.size): absurd dimensions are refused before anything is allocated.
     """
-    from oracle.engines import check_model, needs_weights
+    from oracle.engines import check_model, check_model_size, needs_weights
     from oracle.models.hub import is_hub_id
     from oracle.models.resolve import PRESET_PREFIX
     from oracle.models.resolve import resolve_model as resolve_spec
@@ -50,6 +52,7 @@ def resolve_model(config: Config) -> Path:
     path = resolve_spec(spec, seed=config.model_seed, revision=config.model_revision,
                          weights=needs_weights(config.engine))
     check_model(config.engine, path)
+    check_model_size(config.engine, path)  # the weights alone: absurd dimensions stop here, before any loop
     return path
 
 
@@ -60,7 +63,7 @@ def draw_seed(config: Config, seed: int | None) -> int:
 
 
 def plan_run(config: Config, seed: int | None = None) -> Plan:
-    from oracle.engines import check_engine_config
+    from oracle.engines import check_engine_config, check_model_size
     from oracle.golden import golden_path, read_golden
     from oracle.models.context import check_context
     from oracle.prompts import check_prompts, load_targets, vocab_size_of
@@ -75,7 +78,24 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     targets = tuple(load_targets(config, model_dir))
     check_context(config, model_dir, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
+    check_model_size(config.engine, model_dir, kv_tokens(config, targets, trials))
     return Plan(config, model_dir, targets, trials, seed, vocab_size_of(model_dir))
+
+
+def kv_tokens(config: Config, targets: Sequence[Target], trials: Sequence[Trial]) -> int:
+    """The most KV cache tokens one generate call of the run holds: its sequences' prompts and generated
+    tokens together, each rounded up to whole blocks (a solo reference, or the largest trial)."""
+    block = config.engine.block_size
+    new = config.sampling.max_tokens
+
+    def blocks(n: int) -> int:
+        return -(-n // block) * block
+
+    solo = max((blocks(len(t.token_ids) + new) for t in targets), default=0)
+    largest = max((blocks(len(targets[t.target].token_ids) + new) + sum(blocks(f.length + f.max_tokens)
+                                                                         for f in t.fillers)
+                   for t in trials), default=0)
+    return max(solo, largest)
 
 
 def target_sampling(config: Config, max_tokens: int | None = None) -> SamplingParams:
@@ -89,14 +109,40 @@ def solo_request(plan: Plan, target: int, prefix: str = "solo") -> Request:
 
 
 def trial_requests(plan: Plan, trial: Trial) -> tuple[list[Request], int]:
-    """The requests of a trial and the index of its target among them."""
+    """The requests of a trial and the index of its target among them.
+
+    Request ids say where they come from (`phase_of` reads them back): `trial{id}-...` for a trial
+    of the schedule, `shrink{id}-...` for a candidate the shrinker ran.
+    """
     s = plan.config.sampling
     target = plan.targets[trial.target]
+    prefix = f"{'shrink' if trial.origin == 'shrink' else 'trial'}{trial.trial_id}"
     fillers = [
-        Request(f"trial{trial.trial_id}-filler{j}", filler_tokens(f, plan.vocab_size, target.token_ids),
+        Request(f"{prefix}-filler{j}", filler_tokens(f, plan.vocab_size, target.token_ids),
                 SamplingParams(f.max_tokens, s.temperature, f.seed, "none"), arrival_step=f.arrival_step)
         for j, f in enumerate(trial.fillers)
     ]
-    req = Request(f"trial{trial.trial_id}-{target.name}", target.token_ids, target_sampling(plan.config),
+    req = Request(f"{prefix}-{target.name}", target.token_ids, target_sampling(plan.config),
                   arrival_step=trial.target_arrival_step)
     return fillers[: trial.position] + [req] + fillers[trial.position :], trial.position
+
+
+# Request id prefixes a run uses (solo_request, trial_requests, oracle.execute's checks) -> the phase.
+_PHASES = (("solo-", "references"), ("prefill-", "prefill/decode check"), ("prefix-", "prefix-cache check"))
+_NUMBERED = (("shrink", "shrinking (trial {n})"), ("trial", "trial {n}"))
+
+
+def phase_of(request_ids: Sequence[str]) -> str:
+    """Which phase of a run a generate call belongs to, read from its request ids (for a hang's message):
+    references, trial N, shrinking (trial N), a check's runs; else the first request's id."""
+    if not request_ids:
+        return "generate call with no requests"
+    first = request_ids[0]  # a trial's requests share its prefix
+    for prefix, phase in _PHASES:
+        if first.startswith(prefix):
+            return f"{phase} (request {first})"
+    for word, phase in _NUMBERED:
+        number, dash, _ = first.removeprefix(word).partition("-")
+        if first.startswith(word) and dash and number.isdigit():
+            return phase.format(n=int(number))
+    return f"run of request {first}"

@@ -4,7 +4,20 @@ An engine runs in this process (native, transformers, a user's `package.module:C
 hang or a `sys.exit()` inside it would otherwise hang or end the run with no report. `call` runs
 the function in a daemon thread and waits at most `timeout_s`; the main thread stays free to take
 SIGINT/SIGTERM while it waits. A call that does not return in time is abandoned (its thread keeps
-running until the process exits) and the run stops with exit 3.
+running until the process exits) and the run stops with exit 3, with a message naming the phase.
+
+Every phase that drives an engine has a deadline from the config (`engine.timeout_s`, plus an
+engine's own start timeout where it has one, see `start_timeout`):
+
+| phase | deadline |
+| --- | --- |
+| start: the constructor (model load, worker handshake, server start and first probe) | `start_timeout(cfg)` |
+| references, trials, repeats, shrink, prefill/decode, prefix cache: each generate call | `engine.timeout_s` |
+| describe, reset_prefix_cache | `engine.timeout_s` |
+| localize (in a run, and `oracle localize`): both captured runs and the confirmation | 3 x `engine.timeout_s` |
+| close | `engine.timeout_s`; at most 30 s once a call was abandoned |
+
+`engine.timeout_s: null` turns the watchdog off (the engines' own timeouts still apply).
 """
 
 from __future__ import annotations
@@ -23,6 +36,33 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
+LOCALIZE_CALLS = 3  # localize runs both sides captured and confirms: up to three calls' worth of time
+# Beyond an engine's own start timeout (a vLLM worker's or a started server's): stopping what it
+# started after that timeout (a worker's stop takes up to 20 s) and its first probe.
+START_GRACE_S = 60.0
+# The engine option holding an engine kind's own start timeout, and its default (oracle.config's).
+ENGINE_START_OPTIONS = {"vllm": ("start_timeout_s", 300.0), "openai": ("startup_timeout_s", 300.0)}
+
+
+def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
+    """The deadline of an engine's start (its constructor: model load, worker handshake, server start,
+    first probe), and the fields it comes from.
+
+    `engine.timeout_s`, plus the engine's own start timeout and a grace where it starts something
+    that has one (a vLLM worker's `start_timeout_s`, a server started by `command`:
+    `startup_timeout_s`), so that the engine's own, more precise error comes first. The first probe
+    of a running server (`base_url`) gets `engine.timeout_s`. None when `engine.timeout_s` is null.
+    """
+    if cfg.timeout_s is None:
+        return None, "engine.timeout_s"
+    option = ENGINE_START_OPTIONS.get(cfg.kind)
+    if option is None or (cfg.kind == "openai" and not cfg.options.get("command")):
+        return cfg.timeout_s, "engine.timeout_s"
+    name, default = option
+    own = cfg.options.get(name, default)
+    if not isinstance(own, (int, float)) or isinstance(own, bool) or own <= 0:
+        own = default  # the engine rejects it itself, with a message naming the option
+    return cfg.timeout_s + float(own) + START_GRACE_S, f"engine.timeout_s + engine.options.{name} + {START_GRACE_S:g} s"
 
 
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
@@ -55,7 +95,10 @@ class Worker:
             finally:
                 done.set()
 
-    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+    def call(self, fn: Callable[[], T], timeout_s: float, what: str, during: str = "",
+             limit: str = "engine.timeout_s") -> T:
+        """`fn()` on this worker's thread, at most `timeout_s`; `during` names the phase in a timeout's
+        message, `limit` the config field the deadline comes from."""
         if self._thread is None or not self._thread.is_alive():
             self._jobs = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._loop, name="oracle-engine", daemon=True)
@@ -73,7 +116,9 @@ class Worker:
         if not finished:
             self._thread = None
             self.abandoned = True
-            raise EngineError(f"engine {what} did not return within {timeout_s:g} s (engine.timeout_s)")
+            where = f" during {during}" if during else ""
+            raise EngineError(f"engine {what} did not return within {timeout_s:g} s ({limit}){where}; "
+                              "the run stopped there (raise the limit if the engine is only slow)")
         if error:
             failure = error[0]
             if isinstance(failure, KeyboardInterrupt):
@@ -82,12 +127,13 @@ class Worker:
         return result[0]
 
 
-def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker | None = None) -> T:
+def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker | None = None,
+         during: str = "", limit: str = "engine.timeout_s") -> T:
     """`fn()`, or EngineError when it raises, calls sys.exit() or runs past `timeout_s` seconds.
 
     With a deadline `fn` runs on `worker` (a fresh one when None); `timeout_s` None or 0 calls `fn`
     in this thread (exceptions still converted). KeyboardInterrupt (SIGINT/SIGTERM in this thread)
-    propagates unchanged.
+    propagates unchanged. `during` and `limit` word a timeout's message (the phase, the field).
     """
     if not timeout_s:
         try:
@@ -96,31 +142,41 @@ def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit and any engine failure become exit 3
             raise _as_engine_error(what, e) from e
-    return (worker or Worker()).call(fn, timeout_s, what)
+    return (worker or Worker()).call(fn, timeout_s, what, during, limit)
 
 
 class GuardedEngine:
     """An engine whose every call goes through `call` with the config's `engine.timeout_s`.
 
-    `close()` never raises: a failure or a hang there is a note in the engine's description (the
-    dict `describe()` last returned, which the report's environment holds) and in `close_error`.
+    A generate call that runs past it names the phase it was in (the references, a trial, shrinking,
+    ...: `oracle.plan.phase_of` reads it from the request ids). `close()` never raises: a failure
+    or a hang there is a note in the engine's description (the dict `describe()` last returned,
+    which the report's environment holds) and in `close_error`.
     """
 
-    def __init__(self, engine: Any, timeout_s: float | None) -> None:
+    def __init__(self, engine: Any, timeout_s: float | None, worker: Worker | None = None) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
         self.mode = engine.mode
         self.close_error: str | None = None
         self._described: dict[str, Any] | None = None
-        self._worker = Worker()
+        self._worker = worker or Worker()  # the thread that built the engine, when given
+
+    def _during(self, what: str) -> str:
+        return f"the {self.mode} engine's {what}"
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
+        from oracle.plan import phase_of
+
+        during = self._during(phase_of([r.request_id for r in requests]))
         if max_num_batched_tokens is None:
-            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker)
-        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate", self._worker)
+            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker, during)
+        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate",
+                    self._worker, during)
 
     def describe(self) -> dict[str, Any]:
-        described = call(self.engine.describe, self._cleanup_timeout(), "describe", self._worker)
+        described = call(self.engine.describe, self._cleanup_timeout(), "describe", self._worker,
+                         self._during("describe()"))
         if not isinstance(described, dict):
             raise EngineError(f"engine describe() returned {type(described).__name__}, not a dict")
         self._described = described
@@ -130,7 +186,8 @@ class GuardedEngine:
         """`fn(inner engine)` on the watchdog's thread, allowed `calls` times the per-call limit: for work
         that must drive the engine itself in one thread (per-op capture installs thread-local modes)."""
         timeout = None if self.timeout_s is None else self.timeout_s * calls
-        return call(lambda: fn(self.engine), timeout, what, self._worker)
+        limit = "engine.timeout_s" if calls == 1 else f"{calls} x engine.timeout_s"
+        return call(lambda: fn(self.engine), timeout, what, self._worker, self._during(what), limit)
 
     def _cleanup_timeout(self) -> float | None:
         """After an abandoned call (a hang, a signal) the run is stopping: do not wait long for the rest."""
@@ -140,7 +197,7 @@ class GuardedEngine:
 
     def close(self) -> None:
         try:
-            call(self.engine.close, self._cleanup_timeout(), "close", self._worker)
+            call(self.engine.close, self._cleanup_timeout(), "close", self._worker, self._during("close()"))
         except OracleError as e:
             self.close_error = str(e)
             if self._described is not None:
@@ -152,13 +209,16 @@ class GuardedEngine:
         attr = getattr(self.engine, name)
         if not callable(attr):
             return attr
-        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name, self._worker)
+        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name, self._worker,
+                                    self._during(f"{name}()"))
 
 
 def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:
-    """build_engine, with sys.exit() and stray exceptions while starting turned into EngineError,
-    wrapped so that every later call has the watchdog."""
+    """build_engine under the start deadline (`start_timeout`), with sys.exit() and stray exceptions while
+    starting turned into EngineError, wrapped so that every later call has the watchdog. The engine
+    is built on the thread that then runs its calls."""
     from oracle.engines import build_engine
 
-    engine = call(lambda: build_engine(cfg, model_dir, mode), None, "start")
-    return GuardedEngine(engine, cfg.timeout_s)
+    worker = Worker()
+    engine = build_engine(cfg, model_dir, mode, worker=worker)
+    return GuardedEngine(engine, cfg.timeout_s, worker)

@@ -3,6 +3,11 @@
 A custom engine (`engine.kind: package.module:Class`) and the `engine.preload` modules import
 from the user's repository without PYTHONPATH: while they are imported, the working directory
 and the config file's folder come first on `sys.path`.
+
+`build_engine` bounds the whole start (preload imports, the constructor: model load, a vLLM
+worker's handshake, a started server and the first probe of a server) by the watchdog's start
+deadline (`oracle.watchdog.start_timeout`), so an engine that never finishes starting is an
+`EngineError` naming the phase, never a hang.
 """
 
 from __future__ import annotations
@@ -11,16 +16,24 @@ import contextlib
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oracle.config import EngineConfig
 from oracle.contract import Engine, Mode
 from oracle.errors import ConfigError, EngineError, OracleError
 
+if TYPE_CHECKING:
+    from oracle.watchdog import Worker
+
 BUILTIN = ("native", "vllm", "openai", "transformers")
 # Engines that run the model themselves and so need its weights; the others need config.json only.
 RUN_WEIGHTS = ("native", "vllm", "transformers")
+# What an engine's start does, for the message when it does not finish in time.
+START_WORK = {"native": "model load", "transformers": "model load", "vllm": "worker start and handshake",
+              "openai": "server start and first probe"}
 
 
 def check_engine_config(cfg: EngineConfig) -> None:
@@ -46,6 +59,41 @@ def check_model(cfg: EngineConfig, model_dir: Path) -> None:
         from oracle.models.architectures import native_architecture
 
         native_architecture(model_dir)
+
+
+def check_model_size(cfg: EngineConfig, model_dir: Path, kv_tokens: int = 0,
+                     kv_source: str = "schedule.batch_size or sampling.max_tokens") -> None:
+    """Before any engine starts: the model's weights and KV cache (a lower bound, `oracle.models.size`) fit
+    where the engine puts them; ModelError (exit 2), one line naming the field and the estimate, otherwise.
+
+    native and transformers hold the model on `engine.device` (RAM, or the CUDA device's free
+    memory) with `kv_tokens` tokens of KV cache at once (twice that for the native engine's prefix
+    cache); vLLM's worker holds it on its GPUs (their free memory) or, without one, in RAM beside its
+    fixed KV pool (`engine.options.kv_cache_space_gib`). Engines that do not load the weights here
+    (openai, custom) are not checked.
+    """
+    if cfg.kind not in RUN_WEIGHTS:
+        return
+    from oracle.models import memory, size
+    from oracle.models.architectures import read_config_json
+
+    raw = read_config_json(model_dir)
+    path = model_dir / "config.json"
+    if cfg.kind == "vllm":
+        gpus = memory.gpus_free()
+        places = [m for m in (memory.ram_available(), gpus) if m is not None]
+        place = max(places, key=lambda m: m.bytes) if places else None
+        space = cfg.options.get("kv_cache_space_gib", 1)
+        pool = 0 if gpus is not None or not isinstance(space, int) else space << 30
+        estimate = size.estimate(raw, path, cfg.dtype, kv_bytes=pool)
+    else:
+        cuda = cfg.device.startswith("cuda")
+        place = memory.cuda_free(cfg.device) if cuda else memory.ram_available()
+        if cfg.kind == "native" and cfg.enable_prefix_caching:
+            kv_tokens *= 2  # the native engine keeps twice the blocks asked for, so cached ones survive
+        estimate = size.estimate(raw, path, cfg.dtype, kv_tokens=kv_tokens)
+    if estimate is not None and place is not None:
+        size.check_fits(estimate, place.bytes, place.what, path, kv_source)
 
 
 def import_dirs(cfg: EngineConfig) -> list[str]:
@@ -81,8 +129,36 @@ def _import(module: str, field: str, cfg: EngineConfig) -> object:
         raise ConfigError(f"{field}: importing {module!r} raised {type(e).__name__}: {e}") from e
 
 
-def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
-    """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`."""
+def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Worker | None = None) -> Engine:
+    """Build the engine `cfg.kind` for `mode` under the start deadline; EngineError naming the phase when
+    it does not finish in time (or raises, or calls sys.exit()).
+
+    The constructor runs on `worker`'s thread (a fresh one when None). An engine whose start was
+    abandoned and that finishes starting later is closed at once, so a server or worker it started
+    does not outlive the run's error.
+    """
+    from oracle.watchdog import call, start_timeout
+
+    timeout, limit = start_timeout(cfg)
+    given_up = threading.Event()
+
+    def construct() -> Engine:
+        engine = construct_engine(cfg, model_dir, mode)
+        if given_up.is_set():
+            with contextlib.suppress(BaseException):
+                engine.close()
+        return engine
+
+    work = START_WORK.get(cfg.kind, f"{cfg.kind}'s constructor")
+    try:
+        return call(construct, timeout, "start", worker, f"the {mode} engine's start ({work})", limit)
+    except BaseException:
+        given_up.set()
+        raise
+
+
+def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
+    """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`, in this thread, without a deadline."""
     for i, module in enumerate(cfg.preload):
         _import(module, f"engine.preload.{i}", cfg)
     if cfg.kind == "native":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,21 @@ INVARIANCE = {
 }
 DTYPES = ("float32", "bfloat16", "float16")
 _LOG_TAIL_LINES = 15
+_STOP_GRACE_S = 10.0  # a worker asked to close may take this long before it is terminated, then killed
+
+
+def _socket_timeouts(fd: int, timeout_s: float) -> None:
+    """Bound every blocking send and receive on socket `fd` by `timeout_s`: a worker that stops reading
+    mid-message (its buffer full) or stops writing mid-reply makes the call fail with EAGAIN, not hang."""
+    whole = int(max(0.0, timeout_s))
+    micros = max(int((timeout_s - whole) * 1e6), 0 if whole else 1000)  # a zero timeval would mean "wait forever"
+    value = struct.pack("ll", whole, micros)
+    sock = socket.socket(fileno=os.dup(fd))  # a second handle on the same socket; the option is the socket's
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    finally:
+        sock.close()
 
 
 def _option(name: str) -> str:
@@ -259,18 +275,26 @@ class _Worker:
             theirs.close()
         worker = cls(proc, Connection(ours.detach()), Path(log_name))
         try:
-            worker.conn.send(("start", spec))
+            worker.send(("start", spec), timeout_s)
             worker.info = worker.wait(timeout_s, "start", expect="ready")
         except BaseException:
             worker.stop()
             raise
         return worker
 
-    def call(self, msg: tuple[Any, ...], timeout_s: float) -> Any:
+    def send(self, msg: tuple[Any, ...], timeout_s: float) -> None:
+        """Send `msg`; a worker that does not take it within `timeout_s` (alive but not reading) is killed."""
+        with contextlib.suppress(OSError):
+            _socket_timeouts(self.conn.fileno(), timeout_s)
         try:
             self.conn.send(msg)
+        except BlockingIOError as e:
+            raise self._stuck(f"{msg[0]}: the worker did not take the request", timeout_s) from e
         except OSError as e:
             raise self._dead(f"{msg[0]}: cannot send ({e})") from e
+
+    def call(self, msg: tuple[Any, ...], timeout_s: float) -> Any:
+        self.send(msg, timeout_s)
         return self.wait(timeout_s, str(msg[0]))
 
     def wait(self, timeout_s: float, what: str, expect: str = "ok") -> Any:
@@ -278,12 +302,15 @@ class _Worker:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                _kill(self.proc, self.conn)
-                raise EngineError(f"vllm worker: no answer to {what} within {timeout_s:.0f} s; killed it"
-                                  f"{self._log_tail()}")
+                raise self._stuck(f"no answer to {what}", timeout_s)
             try:
                 ready = self.conn.poll(min(left, 1.0))
+                if ready:  # a reply has begun: the rest of it must come within what is left
+                    with contextlib.suppress(OSError):
+                        _socket_timeouts(self.conn.fileno(), max(left, 1.0))
                 reply = self.conn.recv() if ready else None
+            except BlockingIOError as e:
+                raise self._stuck(f"{what}: the reply stopped half-way", timeout_s) from e
             except (EOFError, OSError) as e:
                 raise self._dead(what) from e
             if reply is None:
@@ -299,6 +326,11 @@ class _Worker:
                 self.keep_log = True
                 raise EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")
             raise EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
+
+    def _stuck(self, what: str, timeout_s: float) -> EngineError:
+        """Kill a worker that is alive but stopped answering; the error names what it stopped at."""
+        _kill(self.proc, self.conn)
+        return EngineError(f"vllm worker: {what} within {timeout_s:g} s; killed it{self._log_tail()}")
 
     def _dead(self, what: str) -> EngineError:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -316,18 +348,21 @@ class _Worker:
         return f"\n--- worker log {self.log_path} (last {_LOG_TAIL_LINES} lines) ---\n{tail}" if tail else ""
 
     def stop(self) -> None:
-        """Ask the worker to exit; terminate, then kill, if it does not within a few seconds."""
-        with contextlib.suppress(OSError):
+        """Ask the worker to exit; terminate, then kill, if it does not within a few seconds. Never blocks
+        longer than that (a worker that no longer reads its socket cannot hold up the send) and never raises."""
+        with contextlib.suppress(OSError, ValueError):
+            _socket_timeouts(self.conn.fileno(), 1.0)
             self.conn.send(("close",))
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=_STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(timeout=5)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=5)
         self._finalizer()
         if self.proc.returncode == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
