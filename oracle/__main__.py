@@ -1,5 +1,3 @@
-import sys
+from oracle.cli import entry
 
-from oracle.cli import main
-
-sys.exit(main())
+entry()

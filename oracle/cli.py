@@ -16,6 +16,7 @@ from pathlib import Path
 
 from oracle import signals
 from oracle.errors import ConfigError, OracleError
+from oracle.exit_trap import ExitCalled
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -98,14 +99,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from oracle import supervise
     from oracle.config import load_config
-    from oracle.run_guard import RunGuard
+    from oracle.run_guard import RunGuard, replace_stale_report
 
     overrides = {"schedule.trials": args.trials} if args.trials is not None else None
-    config = load_config(args.config, overrides, flags={"schedule.trials": "--trials"} if overrides else None)
+    try:
+        config = load_config(args.config, overrides, flags={"schedule.trials": "--trials"} if overrides else None)
+    except (OracleError, KeyboardInterrupt) as e:
+        # An earlier run's report in the folder this run would write must not outlive this failure.
+        replace_stale_report(args.config, args.report_dir, e)
+        raise
     report_dir = args.report_dir or Path(config.report_dir)
     # Checked, and any earlier run's report replaced by a "started" one, before any model is made.
-    with RunGuard(config, report_dir, args.seed, blame="--report-dir" if args.report_dir else None) as guard:
+    blame = "--report-dir" if args.report_dir else None
+    if args.supervise and not supervise.is_child():
+        with RunGuard(config, report_dir, args.seed, blame=blame) as guard:
+            argv = [*sys.argv[1:], "--seed", str(guard.seed)] if args.argv is None else [*args.argv, "--seed",
+                                                                                          str(guard.seed)]
+            return supervise.run_child(argv, guard.report, report_dir)
+    with RunGuard(config, report_dir, args.seed, blame=blame, announce=not supervise.is_child()) as guard:
         from oracle.render.console import ConsoleObserver, make_console, print_summary
         from oracle.render.files import write_formats
         from oracle.runner import run
@@ -225,25 +238,42 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, run the subcommand's handler with SIGINT/SIGTERM routed to `Interrupted`, map errors to codes."""
+def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
+    """Parse, run the subcommand's handler with SIGINT/SIGTERM routed to `Interrupted`, map errors to codes.
+
+    `supervise`: `oracle run` runs in a child process and this one keeps the exit code true to the
+    report whatever the child does (see `oracle.supervise`); the console script and `python -m oracle`.
+    """
+    from oracle import supervise as supervision
+
+    if supervision.is_child():
+        supervision.watch_parent()
     with signals.handled():
         args = _parser().parse_args(argv)  # usage errors exit 2 here, with argparse's message
+        args.supervise, args.argv = supervise, argv
         try:
             return HANDLERS[args.command](args)
         except OracleError as e:
             _err(f"oracle: error: {e}")
             return e.exit_code
         except KeyboardInterrupt as e:
-            print(f"oracle: {signals.describe(e)}; stopped (a partial report is written for a run)", file=sys.stderr)
+            where = getattr(e, "report_dir", None)
+            told = f"the report in {where} says so" if where else "no report was written"
+            _err(f"oracle: {signals.describe(e)}; stopped ({told})")
             return signals.exit_code_of(e)
         except SystemExit as e:  # from an engine or a user's module: never a silent pass
-            print(f"oracle: error: sys.exit({e.code!r}) was called during the run", file=sys.stderr)
+            print(f"oracle: error: {e} was called during the run" if isinstance(e, ExitCalled)
+                  else f"oracle: error: sys.exit({e.code!r}) was called during the run", file=sys.stderr)
             return 3
         except OSError as e:
             _err(f"oracle: error: {e}")
             return 3
 
 
+def entry() -> None:
+    """The console script `oracle` (and `python -m oracle`): `oracle run` is supervised."""
+    sys.exit(main(supervise=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -238,12 +238,15 @@ class OracleSession:
                    run_dir: Path | None = None, warn: bool = True) -> tuple[Report, Path]:
         """Run a parsed config into a fresh report folder; record it for the summary. Raises OracleError."""
         from oracle.render.files import write_formats
+        from oracle.run_guard import RunGuard
         from oracle.runner import run
 
         run_dir = run_dir or self._run_dir(label)
-        seed = self._seed(config, seed)
-        report = run(config.model_copy(update={"report_dir": str(run_dir)}), seed=seed, report_dir=run_dir,
-                     views=[write_formats])
+        config = config.model_copy(update={"report_dir": str(run_dir)})
+        # As `oracle run` does: the folder checked and any earlier report replaced by a "started" one
+        # before the model is made; `os._exit` from an engine or preload module is an engine error here.
+        with RunGuard(config, run_dir, self._seed(config, seed), announce=False) as guard:
+            report = run(config, seed=guard.seed, report_dir=run_dir, views=[write_formats])
         path = run_dir / "report.json"
         self._record(RunRecord(label, source, report.seed, report.exit_code(),
                                {c.name: c.verdict for c in report.checks}, str(path), report.error))

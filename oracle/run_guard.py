@@ -10,6 +10,7 @@ ends with. Once the final report is written, signals are ignored so the exit cod
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -21,7 +22,9 @@ from typing import Any
 from oracle import __version__, signals
 from oracle.config import Config
 from oracle.errors import ConfigError
+from oracle.exit_trap import trapped
 from oracle.plan import draw_seed
+from oracle.render.escape import terminal_text
 from oracle.render.files import report_dir_problem, report_is, stamp_of, write_report, write_started
 from oracle.report import Report
 
@@ -42,7 +45,8 @@ def light_environment() -> dict[str, Any]:
 class RunGuard:
     """`with RunGuard(config, report_dir, seed) as guard: run(config, seed=guard.seed, ...)`."""
 
-    def __init__(self, config: Config, report_dir: Path, seed: int | None, blame: str | None = None) -> None:
+    def __init__(self, config: Config, report_dir: Path, seed: int | None, blame: str | None = None, *,
+                 announce: bool = True) -> None:
         problem = report_dir_problem(report_dir)
         if problem is not None:
             raise ConfigError(f"{blame}: {problem}") if blame else config.error(("report_dir",), problem)
@@ -51,6 +55,8 @@ class RunGuard:
         self.report = Report(oracle_version=__version__, seed=self.seed, config=config.model_dump(mode="json"),
                              config_digest=config.digest(), environment=light_environment())
         self.stamp: tuple[int, int] | None = None
+        self.announce = announce
+        self._trap = trapped()
 
     def __enter__(self) -> RunGuard:
         # The announcement is inside the guard too: a signal that arrives as soon as it is read still
@@ -58,13 +64,16 @@ class RunGuard:
         try:
             write_started(self.report, self.report_dir)
             self.stamp = stamp_of(self.report_dir)
-            print(f"oracle: writing the report to {self.report_dir}", flush=True)
+            if self.announce:
+                print(terminal_text(f"oracle: writing the report to {self.report_dir}"), flush=True)
+            self._trap.__enter__()
         except BaseException as e:
             self._stopped(e)
             raise
         return self
 
     def __exit__(self, typ: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self._trap.__exit__(None, None, None)
         if e is None:
             signals.settle()
         else:
@@ -72,7 +81,52 @@ class RunGuard:
 
     def _stopped(self, e: BaseException) -> None:
         """The run ended with `e`; rewrite the report unless the runner already wrote its own."""
+        if isinstance(e, KeyboardInterrupt):
+            e.report_dir = str(self.report_dir)  # type: ignore[attr-defined]  # read by the CLI's message
         if self.stamp is not None and not report_is(self.report_dir, self.stamp):
             return
         self.report.mark_stopped(e)
         write_report(self.report, self.report_dir)
+
+
+def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseException) -> None:
+    """The config could not be read (or a signal came meanwhile): an earlier run's report in the folder
+    this run would have written is replaced by one that says why this run did not start.
+
+    The folder is `--report-dir`, else the config's `report_dir` when the YAML gives one, else the
+    default; only an explicit `--report-dir` or a folder that already holds a report.json is written.
+    """
+    explicit = report_dir is not None
+    folder = report_dir if report_dir is not None else _report_dir_of(config_path)
+    if not explicit and not (folder / "report.json").is_file():
+        return
+    if report_dir_problem(folder) is not None:
+        return
+    try:
+        raw = config_path.read_bytes()
+    except OSError:
+        raw = b""
+    report = Report(oracle_version=__version__, seed=0, config={"source": str(config_path)},
+                    config_digest=hashlib.sha256(raw).hexdigest(), environment=light_environment())
+    report.mark_stopped(e)
+    try:
+        write_report(report, folder)
+    except OSError:
+        return
+    if isinstance(e, KeyboardInterrupt):
+        e.report_dir = str(folder)  # type: ignore[attr-defined]
+
+
+def _report_dir_of(config_path: Path) -> Path:
+    """The config's `report_dir` as far as the YAML can be read, else the default."""
+    from oracle.config import Config
+
+    default = Path(str(Config.model_fields["report_dir"].default))
+    try:
+        import yaml
+
+        data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    except Exception:  # unreadable or malformed: the error being reported says so
+        return default
+    value = data.get("report_dir") if isinstance(data, dict) else None
+    return Path(value) if isinstance(value, str) and value and "\0" not in value else default

@@ -109,12 +109,14 @@ def step_named(name: str) -> dict[str, Any]:
 
 def resolve(value: str, context: dict[str, str]) -> str:
     """Fill in `${{ inputs.x }}` / `${{ steps.y.outputs.z }}` as Actions would (a missing output is '')."""
-    def one(m: re.Match[str]) -> str:
-        ref = m.group(1)
+    def one(ref: str) -> str:
         if ref.startswith("inputs."):
             return context[ref]  # an unknown input is a bug in the action: KeyError
         return context.get(ref, "")
-    return EXPR.sub(one, value)
+
+    def either(m: re.Match[str]) -> str:  # `a || b`: the first that is not empty, as Actions does
+        return next((v for v in (one(r.strip()) for r in m.group(1).split("||")) if v), "")
+    return EXPR.sub(either, value)
 
 
 def run_step(name: str, tmp: Path, inputs: dict[str, str], outputs: dict[str, str] | None = None,
@@ -378,11 +380,19 @@ def test_annotate_without_an_exit_code_takes_the_reports(failing_report: Path, t
 @pytest.mark.parametrize("code", ["1", "3"])
 def test_last_step_fails_with_oracles_exit_code(tmp_path: Path, code: str) -> None:
     step = step_named("Fail on a failing oracle run")
-    assert step["if"] == "always() && steps.run.outputs.exit-code != '0'"
+    assert step["if"] == "always() && (steps.annotate.outputs.exit-code || steps.run.outputs.exit-code) != '0'"
     result = run_step("Fail on a failing oracle run", tmp_path, {"config": "c.yaml"},
-                      {"steps.run.outputs.exit-code": code})
+                      {"steps.run.outputs.exit-code": code, "steps.annotate.outputs.exit-code": code})
     assert result.returncode == int(code)
     assert f"oracle exited {code}" in result.stderr
+
+
+def test_last_step_fails_when_the_process_exited_0_but_the_report_did_not_complete(tmp_path: Path) -> None:
+    """A run's process that exited 0 (an engine's os._exit(0)) with an incomplete report: the annotate step
+    reads 3 from the report, and the job fails with it."""
+    result = run_step("Fail on a failing oracle run", tmp_path, {"config": "c.yaml"},
+                      {"steps.run.outputs.exit-code": "0", "steps.annotate.outputs.exit-code": "3"})
+    assert result.returncode == 3
 
 
 def test_workflow_command_escaping() -> None:

@@ -562,3 +562,18 @@ def test_docs_pytest_snippet_works_as_pasted(inner: pytest.Pytester, fake_model:
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines_random(["*test_default_model_is_batch_invariant PASSED*",
                                         "*test_token_id_prompts PASSED*"])
+
+
+def test_an_engine_that_calls_os_exit_0_fails_the_pytest_run(inner: pytest.Pytester, fake_model: Path) -> None:
+    """os._exit(0) would end pytest with exit 0 before any report: under the plugin it is an engine error
+    (from the main thread) or an immediate exit 3 (from a watchdog thread); never a green session."""
+    inner.makepyfile(f"""
+        def test_exits(oracle):
+            oracle.assert_batch_invariant([[1, 2, 3], [4, 5, 6, 7]],
+                                          engine={engine_arg(fault_after_calls=2, fault="os_exit")},
+                                          model={str(fake_model)!r}, trials=4, checks={QUIET_CHECKS!r})
+    """)
+    result = inner.runpytest_subprocess("--oracle-report-dir", str(inner.path / "reports"))
+    assert result.ret != 0, result.stdout.str()
+    (report,) = reports_under(inner.path / "reports").values()
+    assert report["complete"] is False and report["exit_code"] == 3

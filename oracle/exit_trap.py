@@ -1,0 +1,53 @@
+"""`os._exit` called by an engine or a `preload` module while a run is on: an error, never a silent exit.
+
+`os._exit(0)` skips every `finally` and would end a run (and a pytest session) with exit 0 before
+its report is written. While `trapped()` is active, a call from the main thread raises `ExitCalled`
+instead (a SystemExit: `except Exception` in engine code does not swallow it), so the run stops
+with an engine error in its report; from another thread, where the main thread cannot be unwound,
+the process exits at once and never with 0. A forked child (multiprocessing) exits as asked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+EXIT_ENGINE = 3
+
+
+class ExitCalled(SystemExit):
+    """`os._exit(code)` was called during a run."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(EXIT_ENGINE)
+        self.requested = code
+
+    def __str__(self) -> str:
+        return f"os._exit({self.requested!r})"
+
+
+@contextmanager
+def trapped() -> Iterator[None]:
+    real = os._exit
+    pid = os.getpid()
+
+    def trap(status: int) -> NoReturn:
+        code = status
+        if os.getpid() != pid:  # a forked child ending itself
+            real(code)
+        if threading.current_thread() is not threading.main_thread():
+            sys.stderr.write(f"oracle: error: os._exit({code!r}) was called in a thread during the run; "
+                             "the report is left incomplete\n")
+            sys.stderr.flush()
+            real(code if code else EXIT_ENGINE)
+        raise ExitCalled(code)
+
+    os._exit = trap
+    try:
+        yield
+    finally:
+        os._exit = real

@@ -1,0 +1,124 @@
+"""`oracle run` as two processes: a light parent that owns the exit code, and the run in a child.
+
+Whatever the run's process does (an engine or a `preload` module calling `os._exit(0)`, a segfault,
+an abort while torch is imported, the kernel's OOM killer), the parent reads report.json when the
+child is gone and exits with the code the report gives; when the child left no final report, the
+parent writes one saying how the child ended, and exits 3 (or 130/143 when the parent was signalled).
+The report and the exit code always agree, whichever came first.
+
+The parent imports neither torch nor an engine. It forwards SIGINT and SIGTERM to the child (which
+writes its partial report) and tethers the child to itself through a pipe: when the parent dies,
+even by SIGKILL, the pipe closes and the child kills its own process group, and every server or
+worker the child started is tethered to the child the same way (`oracle.tether`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from oracle.render.files import STARTED, write_report
+from oracle.report import EXIT_ENGINE, Report, load_report
+
+# Set in the child's environment: the file descriptor of the pipe whose other end the parent holds.
+PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
+
+
+_watching: list[int] = []
+
+
+def is_child() -> bool:
+    """This process is the run's child (it never supervises another)."""
+    return bool(_watching) or PARENT_FD_ENV in os.environ
+
+
+def watch_parent() -> None:
+    """In the child: when the parent's end of the pipe closes (it died), kill this process group.
+
+    The variable is taken out of the environment, so processes the child starts do not inherit it."""
+    fd = int(os.environ.pop(PARENT_FD_ENV))
+    _watching.append(fd)
+
+    def wait() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="oracle-parent-watch", daemon=True).start()
+
+
+def _ended(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def _final(path: Path) -> Report | None:
+    """The report the child finished (complete, or stopped with its own error), else None."""
+    try:
+        report = load_report(path)
+    except Exception:  # missing, half-written by something else, unreadable: not a final report
+        return None
+    if report.complete or (report.error is not None and report.error != STARTED):
+        return report
+    return None
+
+
+def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
+    """Run `oracle ARGV` in a child (its own process group, tethered to us); the exit code its report gives.
+
+    `started` is the report the parent wrote before starting the child; it is rewritten with how the
+    child ended when the child wrote no final report.
+    """
+    read_end, write_end = os.pipe()
+    env = {**os.environ, PARENT_FD_ENV: str(read_end)}
+    signalled: list[int] = []
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if not signalled:
+            signalled.append(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
+        # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
+        proc = subprocess.Popen([sys.executable, "-m", "oracle", *argv], env=env, pass_fds=(read_end,),
+                                preexec_fn=os.setpgrp)
+        procs.append(proc)
+        os.close(read_end)
+        if signalled:  # arrived between the handler and the child's start
+            proc.send_signal(signalled[0])
+        returncode = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        os.close(write_end)
+    report = _final(report_dir / "report.json")
+    if report is not None:
+        return report.exit_code()
+    if signalled:
+        code = 128 + signalled[0]
+        started.set_error(f"interrupted ({signal.Signals(signalled[0]).name}); the run's process "
+                          f"{_ended(returncode)} before writing its report", code)
+    else:
+        code = EXIT_ENGINE
+        started.set_error(f"the run's process {_ended(returncode)} before writing its report "
+                          "(an engine or a preload module ended it)", code)
+    write_report(started, report_dir)
+    print(f"oracle: error: {started.error} (partial report in {report_dir})", file=sys.stderr)
+    return code

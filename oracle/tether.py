@@ -1,0 +1,82 @@
+"""Start a server or worker process that dies with the process that started it, however that one ends.
+
+`popen(argv, ...)` runs `python -m oracle.tether FD -- ARGV...`: a small process that leads a new
+session, starts ARGV in it and waits. It holds the read end of a pipe whose write end only the
+starter holds; when the starter dies (exit, crash, SIGKILL) the pipe closes and the tether kills
+its whole process group, ARGV and whatever ARGV started. A parent-death signal would fire when the
+*thread* that started the process ends, which a watchdog thread does; the pipe does not care.
+
+The tether forwards SIGTERM and SIGINT to ARGV and exits with ARGV's code (128 + N when a signal N
+ended it), so the `Popen` it returns behaves as ARGV's own: `proc.pid` is the group's id.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+# Write ends of the pipes, by tether pid: closed when the process is reaped (`release`), else at exit.
+_write_ends: dict[int, int] = {}
+
+
+def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen(argv, **kwargs)` tethered to this process; always a new session."""
+    read_end, write_end = os.pipe()
+    kwargs.pop("start_new_session", None)
+    pass_fds = (*kwargs.pop("pass_fds", ()), read_end)
+    try:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
+            [sys.executable, "-m", "oracle.tether", str(read_end), "--", *argv], pass_fds=pass_fds,
+            start_new_session=True, **kwargs)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    _write_ends[proc.pid] = write_end
+    return proc
+
+
+def release(proc: subprocess.Popen[bytes]) -> None:
+    """Close the tether's pipe once `proc` has ended (else it closes when this process exits)."""
+    fd = _write_ends.pop(proc.pid, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _main(argv: list[str]) -> int:
+    fd = int(argv[0])
+    command = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+
+    def starter_gone() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    child = subprocess.Popen(command)
+
+    def forward(signum: int, frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, forward)
+    threading.Thread(target=starter_gone, daemon=True).start()
+    code = child.wait()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(_main(sys.argv[1:]))
+    except FileNotFoundError as e:
+        print(f"oracle: cannot start {Path(str(e.filename)).name}: {e.strerror}", file=sys.stderr)
+        sys.exit(127)

@@ -1,0 +1,223 @@
+"""`oracle run` as a supervised child: whatever the run's process does, the exit code is never 0 without a
+complete report, and the report and the exit code agree. Real subprocesses, a fake engine.
+
+No test depends on timing: a process is signalled once its output or a file says how far it got, and
+the random-moment test holds for whichever moment the signal lands at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+
+
+def _config(tmp_path: Path, model: Path, *, preload: list[str] | None = None, trials: int = 4,
+            **options: Any) -> Path:
+    cfg = {
+        "model": str(model),
+        "engine": {"kind": "fake_engine:FakeEngine", "options": options, "preload": preload or []},
+        "prompts": {"random": {"count": 2, "min_len": 2, "max_len": 4}},
+        "sampling": {"max_tokens": 3},
+        "schedule": {"trials": trials, "seed": 1, "batch_size": [1, 8]},
+        "report_dir": str(tmp_path / "report"),
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+            "CI": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _oracle(tmp_path: Path, config: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "oracle", "run", str(config), *args], env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 180) -> str:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("the run did not end") from None
+    return err
+
+
+def _report(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "report" / "report.json").read_text())
+
+
+def _stale_pass(report_dir: Path) -> None:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "report.json").write_text(json.dumps({"complete": True, "exit_code": 0, "error": None}))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie (dead, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("import os\nos._exit(0)\n", "os._exit(0) was called during the run"),
+    # C's exit() skips Python entirely; only the supervising parent can tell.
+    ("import ctypes\nctypes.CDLL(None).exit(0)\n", "exited with code 0 before writing its report"),
+    ("import ctypes\nctypes.string_at(0)\n", "killed by SIGSEGV before writing its report"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed by SIGKILL before writing its report"),
+])
+def test_a_preload_that_ends_the_process_never_reads_as_a_pass(fake_model: Path, tmp_path: Path, body: str,
+                                                             says: str) -> None:
+    (tmp_path / "ender.py").write_text(body)
+    _stale_pass(tmp_path / "report")
+    proc = _oracle(tmp_path, _config(tmp_path, fake_model, preload=["ender"]))
+    err = _finish(proc)
+    assert proc.returncode == 3, err
+    report = _report(tmp_path)
+    assert report["complete"] is False and report["exit_code"] == 3
+    assert says in report["error"], report["error"]
+    assert "STALE" not in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_os_exit_in_generate_is_an_engine_error_with_what_completed(fake_model: Path, tmp_path: Path) -> None:
+    """os._exit(0) in generate(): exit 3 and an incomplete report, whichever thread generate ran in."""
+    config = _config(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
+    proc = _oracle(tmp_path, config)
+    err = _finish(proc)
+    assert proc.returncode == 3, err
+    report = _report(tmp_path)
+    assert report["exit_code"] == 3 and report["complete"] is False
+    # From the main thread the run writes the engine error itself; from a watchdog thread the process
+    # exits 3 at once and the parent writes how it ended. Either way: exit 3, never a pass.
+    assert "exit" in report["error"], report["error"]
+
+
+def test_sigkill_of_oracle_run_takes_the_run_and_its_server_with_it(fake_model: Path, tmp_path: Path) -> None:
+    """The preload starts a tethered 'server' (as the openai and vLLM engines do), records both pids and
+    blocks; SIGKILL of `oracle run` must leave neither running."""
+    pids = tmp_path / "pids"
+    (tmp_path / "holder.py").write_text(
+        "import os, threading\n"
+        "from oracle import tether\n"
+        "server = tether.popen(['sleep', '600'])\n"
+        f"open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{server.pid}}')\n"
+        f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r})\n"
+        "threading.Event().wait()\n")
+    proc = _oracle(tmp_path, _config(tmp_path, fake_model, preload=["holder"]))
+    try:
+        _wait_until(lambda: pids.exists(), "the preload to start its server")
+        child, server = (int(x) for x in pids.read_text().split())
+        assert not _gone(child) and not _gone(server)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        _wait_until(lambda: _gone(child) and _gone(server), "the run's process and its server to end")
+    finally:
+        proc.kill()
+    report = _report(tmp_path)
+    assert report["complete"] is False and report["exit_code"] == 3
+
+
+def _wait_until(ready: Any, what: str, limit: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + limit
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_tethered_process_exits_with_its_own_code(tmp_path: Path) -> None:
+    from oracle import tether
+
+    proc = tether.popen(["sh", "-c", "exit 7"])
+    assert proc.wait() == 7
+    tether.release(proc)
+    proc = tether.popen(["sh", "-c", "kill -TERM $$"])
+    assert proc.wait() == 128 + signal.SIGTERM
+    tether.release(proc)
+
+
+def _moments(n: int) -> list[float]:
+    # Seeded: the same moments every run; spread over start-up (torch import), planning and trials.
+    rng = random.Random(17)
+    return sorted(rng.uniform(0.0, 4.0) for _ in range(n))
+
+
+@pytest.mark.parametrize("delay", _moments(4))
+def test_sigterm_at_any_moment_ends_with_a_report_that_agrees(fake_model: Path, tmp_path: Path, delay: float) -> None:
+    _sigterm_at(fake_model, tmp_path, delay)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", _moments(40))
+def test_sigterm_at_many_moments_ends_with_a_report_that_agrees(fake_model: Path, tmp_path: Path,
+                                                               delay: float) -> None:
+    _sigterm_at(fake_model, tmp_path, delay)
+
+
+def _sigterm_at(model: Path, tmp_path: Path, delay: float) -> None:
+    """Whatever the moment, the exit code is the report's; a stale pass never survives. The one exception
+    is a signal before Python has run any of oracle's code: the default action kills the process
+    (returncode -15), non-zero too, and nothing of this run exists to agree with."""
+    import time
+
+    _stale_pass(tmp_path / "report")
+    proc = _oracle(tmp_path, _config(tmp_path, model, trials=6, sleep_s=0.01))
+    time.sleep(delay)  # the moment varies; the assertion holds for every moment
+    proc.send_signal(signal.SIGTERM)
+    err = _finish(proc)
+    assert proc.returncode != 0 or _report(tmp_path)["complete"], err
+    if proc.returncode == -signal.SIGTERM:
+        return
+    assert "Traceback" not in err, err
+    report = _report(tmp_path)
+    assert report.get("exit_code") == proc.returncode, (report.get("error"), err)
+    if proc.returncode == 0:
+        assert report["complete"] is True
+
+
+def test_config_error_replaces_an_earlier_report(tmp_path: Path) -> None:
+    """A config that does not load must not leave the previous run's pass in the folder it names."""
+    _stale_pass(tmp_path / "report")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"report_dir: {tmp_path / 'report'}\nschedule: {{trials: -1}}\n")
+    proc = subprocess.run([sys.executable, "-m", "oracle", "run", str(bad)], capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    report = _report(tmp_path)
+    assert report["complete"] is False and report["exit_code"] == 2 and "bad.yaml" in report["error"]
+
+
+def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path) -> None:
+    from oracle.run_guard import replace_stale_report
+    from oracle.signals import Interrupted
+
+    _stale_pass(tmp_path / "report")
+    e = Interrupted(signal.SIGTERM)
+    replace_stale_report(tmp_path / "missing.yaml", tmp_path / "report", e)
+    report = _report(tmp_path)
+    assert report["exit_code"] == 143 and report["error"] == "interrupted (SIGTERM)"
+    assert e.report_dir == str(tmp_path / "report")  # type: ignore[attr-defined]
+    fresh = Interrupted(signal.SIGTERM)
+    replace_stale_report(tmp_path / "missing.yaml", None, fresh)  # no folder named, none holds a report
+    assert not hasattr(fresh, "report_dir")
