@@ -99,7 +99,7 @@ def test_replay_of_a_redacted_report_asks_for_the_secrets(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     report = tmp_path / "r" / "report.json"
-    assert main(["replay", str(report), "--trial", "0"]) == 2
+    assert main(["replay", str(report), "--trial", "0", "--trust-report"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert str(report) in err
@@ -111,7 +111,7 @@ def test_replay_of_a_redacted_report_asks_for_the_secrets(
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     monkeypatch.setenv("ORACLE_SECRET_ENGINE_OPTIONS_COMMAND_4", SERVER_KEY)
     monkeypatch.setenv("ORACLE_SECRET_ENGINE_OPTIONS_URL", f"https://ci:{URL_PASSWORD}@models.example.com/v1")
-    assert main(["replay", str(report), "--trial", "0"]) == 0, capsys.readouterr().err
+    assert main(["replay", str(report), "--trial", "0", "--trust-report"]) == 0, capsys.readouterr().err
 
 
 def test_restore_takes_each_secret_from_the_environment() -> None:
@@ -180,3 +180,10 @@ def test_free_text_is_scrubbed(text: str) -> None:
 def test_free_text_keeps_ordinary_words() -> None:
     text = "engine raised KeyError: 'vocab_size'; step 3 token 12345678 -> 5, expected_token: 512"
     assert scrub_text(text) == text
+
+
+def test_determinism_variables_stay_readable_in_the_environment() -> None:
+    from oracle.environment import DETERMINISM_VARS
+
+    env = {"env": {name: "1" for name in DETERMINISM_VARS}}
+    assert redact_tree(env) == env
