@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 HINT_PREFIX = "<redacted: set"
-MIN_SCRUBBED = 4  # shorter secret values are not searched for in free text (they would hit ordinary words)
+MIN_SCRUBBED = 6  # shorter secret values are not searched for in free text (they would hit ordinary words)
 _HINT = re.compile(r"<redacted: set(?:, \d+ chars)?>")
 
 # Words that make a name a secret's, and names made of them glued (`apikey`, `authtoken`).
@@ -112,13 +112,17 @@ def redact_tree(value: Any, secrets: set[str] | None = None, *, env: bool = Fals
 def _redact(value: Any, found: set[str], env: bool, key: str | None) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value  # a secret is text: numbers under a secret-looking name (`key_dim: 64`) are kept
-    if key is not None and (is_secret_name(key) or (env and isinstance(value, str) and not _safe_var(key))):
+    named = key is not None and is_secret_name(key)
+    if named or (key is not None and env and isinstance(value, str) and not _safe_var(key)):
         if isinstance(value, (dict, list)):
             _collect(value, found)
             return hint(_flat(value))
         if isinstance(value, str) and (value == "" or is_hint(value)):
             return value
-        found.add(str(value))
+        # An unknown variable's value (`MY_DTYPE: bfloat16`) is hidden here, but searched for in free
+        # text only when it looks like a token: else every "bfloat16" in a message would go too.
+        if named or _looks_like_token(str(value)):
+            found.add(str(value))
         return hint(value)
     if isinstance(value, dict):
         # Inside an environment mapping, a nested mapping (`mode_env.invariant`) is one too.
@@ -131,6 +135,11 @@ def _redact(value: Any, found: set[str], env: bool, key: str | None) -> Any:
     if isinstance(value, str):
         return _redact_string(value, found)
     return value
+
+
+def _looks_like_token(value: str) -> bool:
+    return (len(value) >= 16 and not any(c.isspace() for c in value) and any(c.isdigit() for c in value)
+            and any(c.isalpha() for c in value))
 
 
 def _flat(value: Any) -> str:

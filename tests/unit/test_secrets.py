@@ -187,3 +187,11 @@ def test_determinism_variables_stay_readable_in_the_environment() -> None:
 
     env = {"env": {name: "1" for name in DETERMINISM_VARS}}
     assert redact_tree(env) == env
+
+
+def test_an_unknown_variables_plain_value_is_hidden_but_not_searched_for() -> None:
+    found: set[str] = set()
+    out = redact_tree({"env": {"MY_DTYPE": "bfloat16", "MY_TOKENISH": "a1b2c3d4e5f6g7h8i9"}}, found)
+    assert out == {"env": {"MY_DTYPE": hint("bfloat16"), "MY_TOKENISH": hint("a1b2c3d4e5f6g7h8i9")}}
+    assert found == {"a1b2c3d4e5f6g7h8i9"}
+    assert scrub_text("dtype bfloat16", found) == "dtype bfloat16"
