@@ -41,6 +41,23 @@ def _err(line: str) -> None:
     print(terminal_text(line, newlines=True), file=sys.stderr)
 
 
+TRUST_HELP = ("re-run a config that loads code (a custom engine, preload modules, a server command, process "
+              "environment): only for a report whose source you trust")
+
+
+def _trusted(path: Path, trusted: bool) -> None:
+    """Refuse a report whose config would run code, unless --trust-report (see oracle.trust)."""
+    from oracle.trust import require_trust
+
+    try:  # checked on the raw file, before anything else of it is used; a bad file is load_report's error
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return
+    config = data.get("config") if isinstance(data, dict) else None
+    if isinstance(config, dict):
+        require_trust(path, config, trusted)
+
+
 def _parser() -> argparse.ArgumentParser:
     from oracle import __version__
 
@@ -60,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--trial", type=_int_at_least(0), required=True)
     rp.add_argument("--mode", choices=["invariant", "production"], default=None,
                     help="default: the mode the report's divergence was found in")
+    rp.add_argument("--trust-report", action="store_true", help=TRUST_HELP)
 
     lo = sub.add_parser("localize", help="rerun one trial of a report with per-op capture; name the first op that differs")
     lo.add_argument("report", type=Path)
     lo.add_argument("--trial", type=int, required=True)
+    lo.add_argument("--trust-report", action="store_true", help=TRUST_HELP)
 
     rec = sub.add_parser("record", help="write a golden file of the invariant references")
     rec.add_argument("config", type=Path)
@@ -139,6 +158,7 @@ def _replay(args: argparse.Namespace) -> int:
     from oracle.render.console import make_console
     from oracle.replay import replay
 
+    _trusted(args.report, args.trust_report)
     r = replay(args.report, args.trial, args.mode)
     console = make_console()
     t = r.trial
@@ -167,6 +187,7 @@ def _localize(args: argparse.Namespace) -> int:
     from oracle.localize import localize_from_report
     from oracle.render.console import make_console
 
+    _trusted(args.report, args.trust_report)
     op = localize_from_report(args.report, args.trial, args.report.parent / "repro")
     console = make_console()
     if op is None:

@@ -5,10 +5,12 @@ Plain functions over a `Report`; no torch, no engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from oracle.report import CheckResult, DivergenceRecord, Report
+from oracle.trust import replay_command
 
 BAD_VERDICTS = ("fail", "vacuous", "error")
 
@@ -25,11 +27,7 @@ def first_divergence(report: Report, checks: Iterable[str]) -> DivergenceRecord 
     return next((d for d in rows if d.shrunk), rows[0] if rows else None)
 
 
-def replay_command(report_path: Path, d: DivergenceRecord) -> str | None:
-    return None if d.trial_id is None else f"oracle replay {report_path} --trial {d.trial_id}"
-
-
-def describe_divergence(d: DivergenceRecord, report_path: Path) -> list[str]:
+def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[str, Any]) -> list[str]:
     near = "" if d.near_tie is None else f" (near tie: {'yes' if d.near_tie else 'no'})"
     lines = [
         f"first divergence: check {d.check} ({d.mode} mode), target {d.target}, trial {d.trial_id}, "
@@ -45,9 +43,8 @@ def describe_divergence(d: DivergenceRecord, report_path: Path) -> list[str]:
         lines.append(f"  cause: {d.cause}")
     if d.localized_op is not None:
         lines.append(f"  first diverging op: {d.localized_op.describe()}")
-    replay = replay_command(report_path, d)
-    if replay:
-        lines.append(f"replay: {replay}")
+    if d.trial_id is not None:
+        lines.append(f"replay: {replay_command(report_path, d.trial_id, config)}")
     return lines
 
 
@@ -61,7 +58,7 @@ def describe_failure(report: Report, report_path: Path, checks: Iterable[CheckRe
         lines.append(f"  engine error: {report.error}")
     d = first_divergence(report, (c.name for c in shown))
     if d is not None:
-        lines += describe_divergence(d, report_path)
+        lines += describe_divergence(d, report_path, report.config)
     lines.append(f"report: {report_path}")
     return "\n".join(lines)
 

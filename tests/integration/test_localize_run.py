@@ -60,6 +60,6 @@ def test_report_divergence_carries_the_localized_op(failing_report: Path) -> Non
 
 def test_localize_command_names_the_op(failing_report: Path, capsys: pytest.CaptureFixture[str]) -> None:
     divergence = invariance_divergences(failing_report)[0]
-    assert main(["localize", str(failing_report), "--trial", str(divergence["trial_id"])]) == 1
+    assert main(["localize", str(failing_report), "--trial", str(divergence["trial_id"]), "--trust-report"]) == 1
     out = capsys.readouterr().out
     assert DOWN_PROJ in out and "aten.mm.default" in out

@@ -62,6 +62,6 @@ def test_fault_that_needs_a_cache_hit_fails_invariance_and_replays_agree(
     path = str(tmp_path / "report" / "report.json")
     clean = [t.trial_id for t in report.schedule if t.trial_id not in {d.trial_id for d in recs}][:3]
     for trial_id in sorted({d.trial_id for d in recs})[:3] + clean:
-        code = main(["replay", path, "--trial", str(trial_id)])
+        code = main(["replay", path, "--trial", str(trial_id), "--trust-report"])
         out = capsys.readouterr().out
         assert ("same as the report" in out) if code == 1 else ("no divergence" in out and "report had" not in out)

@@ -244,15 +244,16 @@ def test_failure_message_shows_the_first_divergence_and_a_replay_that_works(
         "E *   logprob * -> *, ULP distance *",
         "E *   top-2 margin 0.5 (near tie: no), max |logit diff| n/a",
         "E *   that forward pass held * sequences, * tokens",
-        "E * replay: oracle replay */report.json --trial *",
+        "E * replay: oracle replay */report.json --trial * --trust-report",
     ])
     text = result.stdout.str()
     ulp = int(re.search(r"ULP distance (\d+)", text).group(1))  # type: ignore[union-attr]
     assert ulp > 0
-    m = re.search(r"replay: oracle replay (\S+) --trial (\d+)", text)
+    m = re.search(r"replay: oracle replay (\S+) --trial (\d+) (--trust-report)", text)
     assert m is not None
-    # The printed command replays the divergence (the fake engine is importable here too).
-    assert oracle_main(["replay", m.group(1), "--trial", m.group(2)]) == 1
+    # The printed command replays the divergence (the fake engine is importable here too); its flag is
+    # there because the config names a custom engine class.
+    assert oracle_main(["replay", m.group(1), "--trial", m.group(2), m.group(3)]) == 1
 
 
 def test_token_id_prompts_go_to_a_jsonl_file_in_the_report_dir(inner: pytest.Pytester, fake_model: Path) -> None:

@@ -101,7 +101,7 @@ def test_shrinks_planted_fault_to_batch_7_target_second_and_replays(
     assert ids == list(range(len(ids))) and len(ids) == 40 + shrink["runs"]
     assert set(shrink["tried"]) == {t.trial_id for t in report.schedule if t.origin == "shrink"}
     # oracle replay reruns that trial from the report and shows the same divergence.
-    code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(shrunk[0].trial_id)])
+    code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(shrunk[0].trial_id), "--trust-report"])
     out = capsys.readouterr().out
     assert code == 1 and "batch 7" in out and "position 1" in out and "same as the report" in out
 
@@ -140,7 +140,7 @@ def test_every_trial_run_is_in_the_report_and_replays_agree(fake_model: Path, tm
     assert "smallest found" in report.check("invariance").message  # type: ignore[union-attr]
     diverged = {d.trial_id for d in report.divergences if d.check == "invariance"}
     for t in report.schedule:
-        code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(t.trial_id)])
+        code = main(["replay", str(tmp_path / "report" / "report.json"), "--trial", str(t.trial_id), "--trust-report"])
         out = capsys.readouterr().out
         assert code == (1 if t.trial_id in diverged else 0), out
         assert "the report had" not in out

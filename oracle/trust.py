@@ -1,0 +1,56 @@
+"""Which fields of a report's config would run code if the config were run again.
+
+`oracle replay` and `oracle localize` re-run the config stored in a report. A report from someone
+else's CI can name a custom engine class, `preload` modules, a server command, environment variables
+of a started process (LD_PRELOAD, PYTHONPATH, ...) or vLLM arguments that import classes or load a
+model's own code: running it runs their code. Those fields are refused unless the user says they trust
+the report (`--trust-report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from oracle.errors import ConfigError
+
+BUILTIN_KINDS = frozenset({"native", "vllm", "openai", "transformers"})
+
+
+def code_loading_fields(config: Mapping[str, Any]) -> list[str]:
+    """Dotted names of the fields in `config` (a report's `config`) that load or run code."""
+    engine = config.get("engine")
+    if not isinstance(engine, Mapping):
+        return []
+    found = []
+    kind = engine.get("kind")
+    if isinstance(kind, str) and kind not in BUILTIN_KINDS:
+        found.append("engine.kind")
+    if engine.get("preload"):
+        found.append("engine.preload")
+    options = engine.get("options")
+    if isinstance(options, Mapping):
+        for key in ("command", "env", "mode_env"):
+            if options.get(key):
+                found.append(f"engine.options.{key}")
+        args = options.get("engine_args")
+        if isinstance(args, Mapping):
+            found += [f"engine.options.engine_args.{k}" for k, v in args.items()
+                      if (k == "trust_remote_code" and v) or k.endswith("_cls") or "plugin" in k]
+    return found
+
+
+def require_trust(report_path: Path, config: Mapping[str, Any], trusted: bool) -> None:
+    """ConfigError (exit 2) naming the fields when the report's config would run code and `trusted` is off."""
+    fields = code_loading_fields(config)
+    if fields and not trusted:
+        raise ConfigError(f"{report_path}: its config runs code when re-run ({', '.join(fields)}); pass "
+                          "--trust-report if you trust where this report came from")
+
+
+def replay_command(report_path: str | Path, trial_id: int, config: Mapping[str, Any], verb: str = "replay") -> str:
+    """The command that re-runs a trial of this report; with --trust-report where its config loads code
+    (the user's own run: they wrote that config)."""
+    flag = " --trust-report" if code_loading_fields(config) else ""
+    return f"oracle {verb} {report_path} --trial {trial_id}{flag}"
