@@ -94,9 +94,9 @@ def gpus_free() -> Memory | None:
 
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
+        if nvml.nvmlInit_v2() != 0:
+            return None
+    except (OSError, AttributeError):  # no driver, or one without these entry points
         return None
     try:
         count = ctypes.c_uint(0)
@@ -110,6 +110,8 @@ def gpus_free() -> Memory | None:
                     or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(info)) != 0):
                 return None
             total += int(info.free)
+    except AttributeError:
+        return None
     finally:
         nvml.nvmlShutdown()
     return Memory(total, f"free memory of {count.value} GPU{'s' if count.value > 1 else ''}")

@@ -161,3 +161,17 @@ def test_the_run_checks_the_kv_cache_of_its_largest_trial(tiny_qwen3: Path, monk
         plan_run(config)
     _memory(monkeypatch, ram=weights + tokens * per_token)
     plan_run(config)
+
+
+def test_ram_is_read_within_the_containers_limit(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
+    assert memory._meminfo_available(meminfo) == 20000000 * 1024
+    cgroup, proc = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    (cgroup / "job").mkdir(parents=True)
+    proc.write_text("0::/job\n")
+    (cgroup / "job" / "memory.max").write_text("8000000000\n")
+    (cgroup / "job" / "memory.current").write_text("3000000000\n")
+    assert memory._cgroup_headroom(cgroup, proc) == 5_000_000_000
+    (cgroup / "job" / "memory.max").write_text("max\n")  # no limit
+    assert memory._cgroup_headroom(cgroup, proc) is None
