@@ -129,7 +129,7 @@ def test_oracle_localize_of_a_hanging_engine_is_exit_3_naming_localize(fake_mode
     assert code == 1, err
     report_path = tmp_path / "report" / "report.json"
     failing = json.loads(report_path.read_text())["divergences"][0]["trial_id"]
-    code, err = _oracle("localize", str(report_path), "--trial", str(failing))
+    code, err = _oracle("localize", str(report_path), "--trial", str(failing), "--trust-report")  # a custom engine
     assert code == 3, err
     assert "engine localize did not return within 0.6 s (3 x engine.timeout_s)" in err
     assert "the invariant engine's localize" in err and "Traceback" not in err
@@ -143,7 +143,8 @@ def test_oracle_localize_of_an_engine_that_never_starts_is_exit_3(fake_model: Pa
     report = json.loads(report_path.read_text())
     report["config"]["engine"]["options"]["hang_on"] = "init"  # the engine now hangs while starting
     report_path.write_text(json.dumps(report))
-    code, err = _oracle("localize", str(report_path), "--trial", str(report["divergences"][0]["trial_id"]))
+    trial = str(report["divergences"][0]["trial_id"])
+    code, err = _oracle("localize", str(report_path), "--trial", trial, "--trust-report")
     assert code == 3, err
     assert "engine start did not return within 0.2 s" in err and "the invariant engine's start" in err
 
