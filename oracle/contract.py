@@ -78,6 +78,8 @@ class Completion:
     logits row of step i (vocab-sized) when full rows were asked for; `logits_digests[i]` a
     sha256 of that row's bytes otherwise (the native engine hashes a fingerprint of the row's bits
     made on the device, oracle/engines/native/sampler.py: compare digests of one engine only). `top2[i]` is (top-1 logit, top-2 logit) of step i.
+    In a stored result (oracle.execute.keep_rows) a trial keeps only the rows a divergence reads: the
+    others are None, and `logits_digests[i]` is then the sha256 of row i's float32 bytes.
     """
 
     request_id: str
