@@ -444,9 +444,10 @@ def _row(c: Completion, i: int) -> Any:
 def _kl(p_logits: Any, q_logits: Any) -> float:
     p = np.asarray(p_logits, dtype=np.float64)
     q = np.asarray(q_logits, dtype=np.float64)
-    lp = p - np.logaddexp.reduce(p)
-    lq = q - np.logaddexp.reduce(q)
-    return float(np.sum(np.exp(lp) * (lp - lq)))
+    with np.errstate(invalid="ignore"):  # a NaN row gives a NaN KL, which fidelity reports as not finite
+        lp = p - np.logaddexp.reduce(p)
+        lq = q - np.logaddexp.reduce(q)
+        return float(np.sum(np.exp(lp) * (lp - lq)))
 
 
 def _bucket(n: int, edges: Iterable[int]) -> str:

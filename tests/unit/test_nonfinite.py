@@ -202,3 +202,39 @@ def test_stored_trials_keep_one_row_and_judge_as_full_rows_would(fake_model: Pat
     for tid, again in result.repeats.items():
         assert again.logits is not None and all(r is None for r in again.logits)  # equal to the trial
         assert first_divergence(result.trials[tid], again) is None
+
+
+def test_a_repeat_that_differs_keeps_the_rows_repeatability_reads(fake_model: Path, tmp_path: Path) -> None:
+    """Batched trials differ from solo at step 2; every repeat (calls after the schedule's) differs from its
+    trial at step 1. The trial keeps rows 1 and 2 where it diverged, the repeat row 1; repeatability and
+    invariance judge exactly as full rows would, max abs diff included."""
+    data = _config(fake_model, tmp_path)
+    data["sampling"]["logits"] = "full"
+    data["schedule"].update(trials=16, repeat_trials=6)
+    plan = plan_run(parse_config(data))
+    first_repeat_call = len(plan.targets) + len(plan.trials) + 1
+    from broken_engine import BrokenEngine
+
+    def build(mode: Any) -> Any:
+        return BrokenEngine(fake_model, mode, vocab=32, row_fault_from_batch=3, row_fault_step=2,
+                            row_noise_from_call=first_repeat_call)
+
+    execution = ModeExecution(plan, "invariant", Observer(), build)
+    execution.run()
+    result = execution.result()
+    clean, noisy = build("invariant"), build("invariant")
+    noisy.calls = first_repeat_call
+    solo = {i: clean.generate([solo_request(plan, i)])[0] for i in range(len(plan.targets))}
+    assert len(result.repeats) == 6
+    for tid, again in result.repeats.items():
+        trial = plan.trials[tid]
+        requests, at = trial_requests(plan, trial)
+        full, full_again = clean.generate(requests)[at], noisy.generate(requests)[at]
+        expected = first_divergence(full, full_again)
+        assert expected is not None and expected.step == 1 and expected.max_abs_logits_diff
+        assert first_divergence(result.trials[tid], again) == expected
+        assert first_divergence(result.solo[trial.target], result.trials[tid]) == first_divergence(
+            solo[trial.target], full)
+        kept = result.trials[tid].logits
+        assert kept is not None and {i for i, r in enumerate(kept) if r is not None} <= {1, 2}
+        assert again.logits is not None and [i for i, r in enumerate(again.logits) if r is not None] == [1]
