@@ -84,11 +84,18 @@ def _logits_equal(a: Completion, b: Completion, i: int) -> tuple[bool | None, fl
         with np.errstate(invalid="ignore"):  # -inf - -inf where a logit is masked in both: no difference
             diff = np.where(equal_bits, 0.0, np.abs(ra.astype(np.float64) - rb.astype(np.float64)))
         return same, float(np.max(diff))
-    if a.logits_digests is not None and b.logits_digests is not None and i < min(
-        len(a.logits_digests), len(b.logits_digests)
-    ):
-        return a.logits_digests[i] == b.logits_digests[i], None
+    da, db = _digest(a, i, ra), _digest(b, i, rb)
+    if da is not None and db is not None:
+        return da == db, None
     return None, None
+
+
+def _digest(c: Completion, i: int, row: Any) -> str | None:
+    """Step i's row digest: the one the completion carries (a stored result's are sha256 of its rows,
+    oracle.execute.keep_rows), else that of its row, else None."""
+    if c.logits_digests is not None and i < len(c.logits_digests):
+        return c.logits_digests[i]
+    return row_digest(row) if row is not None else None
 
 
 def same_logprob(a: float, b: float) -> bool:

@@ -145,28 +145,39 @@ class ModeExecution:
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
         )
 
-    def run_trial(self, trial: Trial, keep_all: bool = False) -> Divergence | None:
+    def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
         """Run a trial and compare its target with the solo run as it comes; keep what the judge needs:
-        every row's digest and the rows at the first divergence (all rows while a repeat is to come)."""
+        every row's digest and the row at the first divergence. A trial whose repeat is to come keeps
+        every row that differs from the solo's (the others are the solo's rows, bit for bit)."""
         assert self.engine is not None
         requests, at = trial_requests(self.plan, trial)
         out = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
-        d = first_divergence(self.solo[trial.target], out)
-        keep = range(len(out.token_ids)) if keep_all else (_step(d),)
+        solo = self.solo[trial.target]
+        d = first_divergence(solo, out)
+        keep: list[int | None] = [_step(d)]
+        if repeated and out.logits is not None:
+            ref = solo.logits_digests or []
+            keep += [i for i, row in enumerate(out.logits) if i >= len(ref) or row_digest(row) != ref[i]]
         self.trials[trial.trial_id] = keep_rows(out, keep)
         return d
 
-    def diverges(self, trial: Trial, keep_all: bool = False) -> bool:
-        return self.run_trial(trial, keep_all) is not None
+    def diverges(self, trial: Trial, repeated: bool = False) -> bool:
+        return self.run_trial(trial, repeated) is not None
 
     def run_repeat(self, trial: Trial) -> None:
         """The trial again; then both keep their rows only where a divergence reads them."""
         assert self.engine is not None
         requests, at = trial_requests(self.plan, trial)
         again = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
-        first = self.trials[trial.trial_id]
+        again = keep_rows(again, range(len(again.token_ids)))  # digests made as the trial's were
+        first, solo = self.trials[trial.trial_id], self.solo[trial.target]
         d_rep = _step(first_divergence(first, again))
-        d_solo = _step(first_divergence(self.solo[trial.target], first))
+        d_solo = _step(first_divergence(solo, first))
+        if first.logits is not None and d_rep is not None and d_rep < len(first.logits) \
+                and first.logits[d_rep] is None and solo.logits is not None:
+            rows = list(first.logits)
+            rows[d_rep] = solo.logits[d_rep]  # not kept because bitwise the solo's (same digest)
+            first = replace(first, logits=rows)
         self.repeats[trial.trial_id] = keep_rows(again, (d_rep,))
         self.trials[trial.trial_id] = keep_rows(first, (d_solo, d_rep))
 
@@ -190,7 +201,7 @@ class ModeExecution:
                 self.observer.advance(0)
             repeated = {t.trial_id for t in plan.trials[:n_repeat]}
             for trial in plan.trials:
-                self.divergent += self.diverges(trial, keep_all=trial.trial_id in repeated)
+                self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
                 self.observer.advance(self.divergent)
             for trial in plan.trials[:n_repeat]:
                 self.run_repeat(trial)
