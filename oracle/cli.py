@@ -19,8 +19,8 @@ from oracle.errors import ConfigError, OracleError
 from oracle.exit_trap import ExitCalled
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= low (the error names the option: `argument --trials: ...`)."""
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= low (and <= high) (the error names the option: `argument --trials: ...`)."""
 
     def parse(text: str) -> int:
         try:
@@ -29,6 +29,8 @@ def _int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
         return value
 
     return parse
@@ -68,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run every check of a config and write a report")
     r.add_argument("config", type=Path)
     r.add_argument("--report-dir", type=Path, default=None, help="where report.json goes (default: the config's)")
-    r.add_argument("--seed", type=_int_at_least(0), default=None,
+    r.add_argument("--seed", type=_int_at_least(0, 2**63 - 1), default=None,
                    help="schedule seed (default: the config's, else random)")
     r.add_argument("--trials", type=_int_at_least(1), default=None, help="override schedule.trials")
 
@@ -288,6 +290,9 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
             return 3
         except OSError as e:
             _err(f"oracle: error: {e}")
+            return 3
+        except Exception as e:  # a case no handler names: one line and exit 3, never a traceback and exit 1
+            _err(f"oracle: error: {type(e).__name__}: {e}")
             return 3
 
 

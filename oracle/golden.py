@@ -43,10 +43,14 @@ def step_digests(c: Completion) -> list[str]:
 
 def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int, ...]],
                 environment: dict[str, Any], config_digest: str) -> dict[str, Any]:
+    from oracle.redaction import known_secrets, redact_tree, scrub_tree
+
+    found = set(known_secrets())
     return {
         "format": FORMAT,
         "config_digest": config_digest,
-        "environment": environment,
+        # Golden files are committed: the engines' self-description (command lines, env) without secrets.
+        "environment": scrub_tree(redact_tree(environment, found), found),
         "targets": {
             name: {
                 "prompt_sha256": hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest(),
@@ -67,11 +71,13 @@ def write_golden(path: Path, golden: dict[str, Any]) -> None:
 
 def read_golden(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"checks.golden.file: cannot read {path} ({e.strerror}); write it with `oracle record`") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"checks.golden.file: {path} is not valid JSON ({e.msg})") from e
+    except (UnicodeDecodeError, RecursionError, ValueError) as e:  # not UTF-8, nested too deeply, huge numbers
+        raise ConfigError(f"checks.golden.file: {path} is not valid JSON ({type(e).__name__})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"checks.golden.file: {path} is not an oracle golden file ({FORMAT})")
     return data

@@ -94,11 +94,11 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
     this run would have written is replaced by one that says why this run did not start.
 
     The folder is `--report-dir`, else the config's `report_dir` when the YAML gives one, else the
-    default; only an explicit `--report-dir` or a folder that already holds a report.json is written.
+    default; written only where a report.json is already there (nothing is created for a run that never
+    started).
     """
-    explicit = report_dir is not None
     folder = report_dir if report_dir is not None else _report_dir_of(config_path)
-    if not explicit and not (folder / "report.json").is_file():
+    if not (folder / "report.json").is_file():
         return
     if report_dir_problem(folder) is not None:
         return

@@ -207,3 +207,22 @@ def test_bad_report_given_to_the_action_helper(write: Callable[[Path], None], tm
     out = capsys.readouterr().out
     assert out.startswith(f"::error title=oracle::the report at {tmp_path / 'report.json'} cannot be read ("), out
     assert "verdict=error" in outputs.read_text()  # oracle said 0, but with no readable report it is no pass
+
+
+def test_a_seed_beyond_the_schedules_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from oracle.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(tmp_path / "c.yaml"), "--seed", str(10**23)])
+    assert e.value.code == 2 and "--seed: must be <=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"[" * 100_000 + b"]" * 100_000])
+def test_a_broken_golden_file_is_a_config_error_naming_it(tmp_path: Path, content: bytes) -> None:
+    from oracle.errors import ConfigError
+    from oracle.golden import read_golden
+
+    path = tmp_path / "golden.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match="checks.golden.file: .*golden.json is not valid JSON"):
+        read_golden(path)
