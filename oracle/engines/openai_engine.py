@@ -26,6 +26,14 @@ Servers (`engine.options`, typed as `oracle.config.OpenAIOptions`):
     command: argv that starts a server per mode on 127.0.0.1 ({python}, {model}, {host}, {port}
         are substituted; {host} is required), with env and mode_env[mode] added to the
         environment. The server is stopped on close(), on every error and at interpreter exit.
+        It must listen on loopback only: a command naming another address (0.0.0.0, ::, a LAN
+        IP) is a config error, and so is a server found listening elsewhere once it answers.
+        Its output goes to a temporary log that is removed when it stops; a server that exits
+        is reported with its exit code and the log's last lines, not as a connection error.
+
+Answers are checked: a null, NaN or infinite logprob (sampled or top-k), fewer than two top-k
+entries, or a token count other than max_tokens is an EngineError naming the request: a broken
+model or server is never compared (its NaNs would be bitwise equal to themselves).
 
 Transient failures (HTTP 429/500/502/503/504, a connection reset or dropped) are retried up to
 `max_retries` times with exponential backoff (`retry_backoff_s`, doubling, at most 8 s) and counted
