@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_int_at_least(0, 2**63 - 1), default=None,
                    help="schedule seed (default: the config's, else random)")
     r.add_argument("--trials", type=_int_at_least(1), default=None, help="override schedule.trials")
+    r.add_argument("--db", type=Path, default=None, metavar="PATH",
+                   help="example database folder: failing trials of earlier runs are replayed first, this "
+                        "run's are saved (default: none, nothing written)")
 
     rp = sub.add_parser("replay", help="rerun one trial of a report and show its divergence")
     rp.add_argument("report", type=Path)
@@ -146,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
 
         console = make_console()
         report = run(config, seed=guard.seed, observer=ConsoleObserver(console), report_dir=report_dir,
-                     views=[write_formats])
+                     views=[write_formats], example_db=args.db)
     print_summary(console, report, str(report_dir / "report.json"))
     for mode, described in report.environment.get("engines", {}).items():
         if isinstance(described, dict) and described.get("close_error"):

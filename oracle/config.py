@@ -226,6 +226,14 @@ class SamplingConfig(_Strict):
     logits: Literal["full", "digest", "none"] = Field("full", description="compare full logits rows, digests, or none")
 
 
+class SearchConfig(_Strict):
+    """The guided search after the schedule (oracle.search): hypothesis draws more trials, steered toward
+    larger packed passes, KV lengths, sequences per pass and target positions, and toward larger ULP once
+    a difference appears. Invariant mode only; derandomized from the run's seed."""
+
+    trials: int = Field(0, ge=0, le=MAX_TRIALS, description="search trials run after the schedule (0: no search)")
+
+
 class ScheduleConfig(_Strict):
     trials: int = Field(50, ge=1, le=MAX_TRIALS, description="trials drawn per run")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="schedule seed; random (and printed) when absent")
@@ -238,6 +246,8 @@ class ScheduleConfig(_Strict):
     repeat_trials: int = Field(10, ge=0, le=MAX_TRIALS, description="trials run twice per mode for repeatability")
     shrink: bool = Field(True, description="shrink the first failing invariance trial to the smallest one that still fails")
     max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")
+    search: SearchConfig = Field(default_factory=SearchConfig,  # type: ignore[arg-type]
+                                 description="guided search after the schedule: {trials: N}")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
     @classmethod

@@ -27,6 +27,7 @@ from oracle.errors import EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
 from oracle.schedule import Trial
+from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
 
 
@@ -48,6 +49,8 @@ class ModeResult:
     localized: Mapping[Any, Any] = field(default_factory=dict)
     localize_notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    search: SearchOutcome | None = None  # the guided search (schedule.search), invariant mode
+    search_trials: tuple[Trial, ...] = ()  # its trials (ids after the schedule's and the replayed ones)
 
 
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
@@ -135,6 +138,8 @@ class ModeExecution:
         self.localized: dict[Any, Any] = {}
         self.localize_notes: list[str] = []
         self.seconds = 0.0
+        self.search: SearchOutcome | None = None
+        self.search_trials: list[Trial] = []
         self.divergent = 0
 
     def result(self) -> ModeResult:
@@ -143,6 +148,7 @@ class ModeExecution:
             self.mode, ro(dict(self.describe)), ro(dict(self.solo)), ro(dict(self.trials)), ro(dict(self.repeats)),
             ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
+            search=self.search, search_trials=tuple(self.search_trials),
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -190,7 +196,9 @@ class ModeExecution:
         n_prefill = len(plan.targets) * checks.prefill_decode.steps
         if not invariant or checks.prefill_decode.requirement == "off":
             n_prefill = 0
-        self.observer.phase(self.mode, len(plan.targets) + len(plan.trials) + n_repeat + n_prefill)
+        searching = invariant and checks.invariance.requirement != "off"
+        replayed = plan.replayed if searching else ()  # failing trials of earlier runs, first
+        self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + n_repeat + n_prefill)
         t0 = time.perf_counter()
         self.engine = self.build(self.mode)
         self.describe = self.engine.describe()
@@ -199,10 +207,15 @@ class ModeExecution:
                 solo = fresh(self.engine, [solo_request(plan, i)])[0]
                 self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
                 self.observer.advance(0)
+            for trial in replayed:
+                self.divergent += self.diverges(trial)
+                self.observer.advance(self.divergent)
             repeated = {t.trial_id for t in plan.trials[:n_repeat]}
             for trial in plan.trials:
                 self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
                 self.observer.advance(self.divergent)
+            if searching and cfg.schedule.search.trials:
+                self._search()
             for trial in plan.trials[:n_repeat]:
                 self.run_repeat(trial)
                 self.observer.advance(self.divergent)
@@ -221,8 +234,38 @@ class ModeExecution:
             self.observer.done()
 
     def _failing(self) -> list[Trial]:
-        return [t for t in self.plan.trials if t.trial_id in self.trials
+        """Failing trials in the order they ran: replayed from the example database, schedule, search."""
+        ran = [*self.plan.replayed, *self.plan.trials, *self.search_trials]
+        return [t for t in ran if t.trial_id in self.trials
                 and first_divergence(self.solo[t.target], self.trials[t.trial_id]) is not None]
+
+    def _next_id(self) -> int:
+        ran = [*self.plan.replayed, *self.plan.trials, *self.search_trials, *self.shrink_trials]
+        return max((t.trial_id for t in ran), default=-1) + 1
+
+    def _search(self) -> None:
+        """The guided search (oracle.search): its trials run here, judged as the schedule's."""
+        from oracle.search import run_search
+
+        plan, cfg = self.plan, self.plan.config.schedule
+
+        def observe(trial: Trial) -> tuple[Completion, Divergence | None]:
+            self.search_trials.append(trial)
+            d = self.run_trial(trial)
+            return self.trials[trial.trial_id], d
+
+        def ran(trial: Trial, failed: bool) -> None:
+            self.divergent += failed
+            self.observer.advance(self.divergent)
+
+        ran_before = [*plan.replayed, *plan.trials]
+        prior = [(t, self.trials[t.trial_id]) for t in ran_before if t.trial_id in self.trials]
+        self.observer.phase("search", cfg.search.trials)
+        try:
+            self.search = run_search(cfg, [len(t.token_ids) for t in plan.targets], plan.seed, observe,
+                                     self._next_id(), ran_before, prior, ran)
+        finally:
+            self.observer.done()
 
     def _shrink_and_localize(self) -> None:
         failing = self._failing()
@@ -231,7 +274,7 @@ class ModeExecution:
         first = failing[0]
         cfg = self.plan.config.schedule
         if cfg.shrink and cfg.max_shrink_runs > 0:
-            next_id = len(self.plan.trials)
+            next_id = self._next_id()
 
             def new_id(cand: Trial, parent: int) -> Trial:
                 t = replace(cand, trial_id=next_id + len(self.shrink_trials), origin="shrink", parent=parent)

@@ -47,6 +47,12 @@ class Runs:
     def schedule_ids(self) -> list[int]:
         return [i for i, t in self.trials.items() if t.origin == "schedule"]
 
+    @property
+    def judged_ids(self) -> list[int]:
+        """Trials judged against the solo run: the schedule's, the replayed ones and the search's (not the
+        shrinker's candidates, which its own evidence reports)."""
+        return [i for i, t in self.trials.items() if t.origin != "shrink"]
+
 
 @dataclass(frozen=True)
 class Judged:
@@ -112,7 +118,7 @@ def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
     """Every scheduled trial's target vs that target's solo run in the same mode, bitwise."""
     result = runs.mode(mode)
     assert result is not None
-    scheduled = {tid: c for tid, c in result.trials.items() if runs.trials[tid].origin == "schedule"}
+    scheduled = {tid: c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"}
     ev = batch_evidence(runs, scheduled)
     recs: list[DivergenceRecord] = []
     for tid, actual in scheduled.items():
@@ -459,8 +465,12 @@ def _bucket(n: int, edges: Iterable[int]) -> str:
     return f"{lo}+"
 
 
+_ORIGIN_HITS = {"search": ("search trials run",), "database": ("trials replayed from the example database",)}
+
+
 def coverage(runs: Runs) -> dict[str, int]:
-    """How many scheduled trials (invariant mode) hit each condition that kernels key their choices on.
+    """How many trials (invariant mode: the schedule's, replayed and searched) hit each condition that kernels
+    key their choices on.
 
     Conditions read from the engine's per-pass evidence count only passes the target shared with
     another sequence; an engine that does not report a field counts 0 for it.
@@ -474,12 +484,12 @@ def coverage(runs: Runs) -> dict[str, int]:
         "shared pass with a chunked prompt", "filler shares the target's prefix",
         "target prompt hit the prefix cache", "staggered arrival",
         *(f"target KV length > {b} in a shared pass" for b in KV_BOUNDARIES))})
-    for tid in runs.schedule_ids:
+    for tid in runs.judged_ids:
         c = inv.trials.get(tid)
         if c is None:
             continue
         t = runs.trials[tid]
-        hits: set[str] = {"trials run"}
+        hits: set[str] = {"trials run", *_ORIGIN_HITS.get(t.origin, ())}
         shared: list[StepEvidence] = [e for e in c.evidence if e.num_seqs >= 2]
         if shared:
             hits.add("target shared a pass")

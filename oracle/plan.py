@@ -26,6 +26,9 @@ class Plan:
     trials: tuple[Trial, ...]  # the schedule: trial ids 0..N-1
     seed: int
     vocab_size: int
+    # Failing trials of earlier runs from the example database (oracle.example_db), run first in invariant
+    # mode: ids after the schedule's.
+    replayed: tuple[Trial, ...] = ()
 
 
 def resolve_model(config: Config) -> Path:

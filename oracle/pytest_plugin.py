@@ -1,6 +1,7 @@
 """The pytest plugin (entry point `pytest11`, name `oracle`; `-p no:oracle` turns it off).
 
-- options `--oracle-config`, `--oracle-seed N|last`, `--oracle-trials`, `--oracle-report-dir`;
+- options `--oracle-config`, `--oracle-seed N|last`, `--oracle-trials`, `--oracle-report-dir`,
+  `--oracle-db PATH` (failing trials of earlier sessions replayed first; oracle.example_db);
 - an `oracle` fixture (session scope) with `assert_batch_invariant`, `assert_matches_golden`,
   `record_golden` and `run`;
 - a `@pytest.mark.oracle(trials=, seed=, config=, checks=, engine=, model=)` marker, validated
@@ -74,6 +75,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(a marker's or a call's trials= still wins)")
     group.addoption("--oracle-report-dir", metavar="DIR", default=None,
                     help="where each run's report folder goes (default: pytest's cache, .pytest_cache/d/oracle)")
+    group.addoption("--oracle-db", metavar="PATH", default=None,
+                    help="example database folder: every run replays the failing trials saved there first and "
+                         "saves its own (default: none, nothing written)")
 
 
 def _draw() -> int:
@@ -120,6 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
         seed=seed, seed_forced=forced, seed_source=source, trials=config.getoption("oracle_trials"),
         base_config=Path(base).expanduser().resolve() if base else None, report_root=_report_root(config),
     )
+    db = config.getoption("oracle_db")
+    state.example_db = Path(db).expanduser().resolve() if db else None
     config.stash[STATE] = state
     config.pluginmanager.register(_Summary(state), "oracle-summary")
 

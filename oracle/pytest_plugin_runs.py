@@ -153,6 +153,7 @@ class SessionState:
     base_config: Path | None
     report_root: Path
     current: Current | None = None
+    example_db: Path | None = None  # --oracle-db: failing trials of earlier sessions, replayed first
     runs: list[RunRecord] = field(default_factory=list)
     run_dirs: set[Path] = field(default_factory=set)
 
@@ -246,7 +247,8 @@ class OracleSession:
         # As `oracle run` does: the folder checked and any earlier report replaced by a "started" one
         # before the model is made; `os._exit` from an engine or preload module is an engine error here.
         with RunGuard(config, run_dir, self._seed(config, seed), announce=False) as guard:
-            report = run(config, seed=guard.seed, report_dir=run_dir, views=[write_formats])
+            report = run(config, seed=guard.seed, report_dir=run_dir, views=[write_formats],
+                         example_db=self._state.example_db)
         path = run_dir / "report.json"
         self._record(RunRecord(label, source, report.seed, report.exit_code(),
                                {c.name: c.verdict for c in report.checks}, str(path), report.error))

@@ -53,7 +53,9 @@ class TrialRecord(_Model):
     target_arrival_step: int = Field(ge=0)
     fillers: list[FillerRecord]
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    origin: Literal["schedule", "shrink"] = "schedule"
+    origin: Literal["schedule", "database", "search", "shrink"] = Field(
+        default="schedule", description="schedule (drawn by the seeded generator), database (a failing trial of an "
+        "earlier run, replayed first), search (the guided search), shrink (a shrinker candidate)")
     parent: int | None = Field(default=None, description="for a shrink candidate: the trial it was reduced from")
 
 
@@ -159,6 +161,11 @@ class Report(_Model):
     timings: dict[str, float] = Field(default_factory=dict)
     schedule: list[TrialRecord] = Field(default_factory=list, description="every trial run, replayable by id")
     coverage: dict[str, int] = Field(default_factory=dict, description="condition -> trials that hit it")
+    search: dict[str, Any] = Field(default_factory=dict, description="the guided search (schedule.search): "
+                                   "trials asked and run, the hypothesis seed, the best value of each target, "
+                                   "failing search trials")
+    example_db: dict[str, Any] = Field(default_factory=dict, description="the example database (--db): path, "
+                                       "key, trials replayed first, saved and deleted")
     error: str | None = None
     complete: bool = False
     # The exit code `error` stands for when it is not an engine error (3): 2 for a config or model

@@ -13,6 +13,7 @@ merely because the kernels differ, which is fidelity's business, not the batch's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,11 +71,19 @@ class OpLocalizer:
 
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,
-        report_dir: Path | None = None, views: Sequence[View] = ()) -> Report:
-    """Run every check of `config`; writes `report.json` (also a partial one on an engine error or signal)."""
+        report_dir: Path | None = None, views: Sequence[View] = (), example_db: Path | None = None) -> Report:
+    """Run every check of `config`; writes `report.json` (also a partial one on an engine error or signal).
+
+    `example_db`: a folder of failing trials of earlier runs (oracle.example_db), replayed before the
+    schedule and updated afterwards; none is read or written without it."""
+    from oracle.example_db import ExampleDB
+
     observer = observer or Observer()
     t0 = time.perf_counter()
     plan = plan_run(config, seed)
+    db = ExampleDB.open(example_db, config) if example_db is not None else None
+    if db is not None:
+        plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials)))
     observer.seed(plan.seed)
     report = Report(
         oracle_version=__version__, seed=plan.seed, config=config.model_dump(mode="json"),
@@ -103,6 +112,8 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     finally:
         # Judge what completed, so an engine failure or a signal still leaves a useful report.
         finish(plan, results, report)
+        if db is not None:
+            update_db(db, plan, results.get("invariant"), report)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
         report.write(out_dir, views)  # the views' formats, then report.json, signals held meanwhile
     return report
@@ -115,8 +126,12 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     report.environment["engines"] = {m: dict(r.engine) for m, r in results.items()}
     inv, prod = results.get("invariant"), results.get("production")
     trials = {t.trial_id: t for t in plan.trials}
-    for t in inv.shrink_trials if inv else ():
-        trials[t.trial_id] = t
+    if inv is not None:
+        for t in (*plan.replayed, *inv.search_trials, *inv.shrink_trials):
+            trials[t.trial_id] = t
+        if inv.search is not None or inv.search_trials:
+            report.search = inv.search.summary() if inv.search is not None else {
+                "asked": plan.config.schedule.search.trials, "run": len(inv.search_trials), "stopped": True}
     report.schedule = [TrialRecord.model_validate(t.to_json()) for t in trials.values()]
     golden = None
     if plan.config.checks.golden.requirement != "off" and inv is not None:
@@ -124,6 +139,20 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden)
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
+
+
+def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> None:
+    """Save this run's failing invariance trials (the shrunk one included) and forget replayed ones that
+    passed; the report says what was replayed and done."""
+    from oracle.schedule import Trial
+
+    failing = [Trial.from_json(d.trial.model_dump()) for d in report.divergences
+               if d.check == "invariance" and d.trial is not None]
+    passing = [t for t in plan.replayed if inv is not None and t.trial_id in inv.trials
+               and t.trial_id not in {d.trial_id for d in report.divergences if d.check == "invariance"}]
+    done = db.update(failing, passing)
+    report.example_db = {"path": str(db.path), "key": db.key, "replayed": [t.trial_id for t in plan.replayed],
+                         **done}
 
 
 def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:

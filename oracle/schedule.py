@@ -35,7 +35,9 @@ BOUNDARY_SIZES = (1, 2, 15, 16, 17, 255, 256, 257, 511, 512, 513)
 # A trial is redrawn at most this often when it repeats an earlier one.
 _MAX_REDRAWS = 32
 
-Origin = Literal["schedule", "shrink"]
+# schedule: drawn by the seeded generator; database: a failing trial of an earlier run, replayed first
+# (oracle.example_db); search: drawn by the guided search (oracle.search); shrink: a shrinker candidate.
+Origin = Literal["schedule", "database", "search", "shrink"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ class Filler:
 class Trial:
     """One execution plan: the target sits at `position` among the fillers.
 
-    `origin` says why it ran: drawn by the schedule, or a reduction tried while shrinking the
-    trial `parent`.
+    `origin` says why it ran: drawn by the schedule, replayed from the example database, drawn by
+    the guided search, or a reduction tried while shrinking the trial `parent`.
     """
 
     trial_id: int
