@@ -23,8 +23,10 @@ def _value(prompt: tuple[int, ...], step: int) -> tuple[int, float]:
 
 
 class BandEngine:
-    def __init__(self, model: Path, mode: Mode, *, band_lo: int = 0, band_hi: int = -1, ulps: int = 3) -> None:
+    def __init__(self, model: Path, mode: Mode, *, band_lo: int = 0, band_hi: int = -1, ulps: int = 3,
+                 log: str = "") -> None:
         self.mode = mode
+        self.log = Path(log) if log else None  # each call's first request id is appended here
         self.band = (band_lo, band_hi)
         self.ulps = ulps
         self.calls = 0
@@ -39,6 +41,9 @@ class BandEngine:
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         self.calls += 1
+        if self.log is not None and requests:
+            with self.log.open("a") as f:
+                f.write(f"{self.mode} {requests[0].request_id}\n")
         n = len(requests)
         packed = sum(len(r.prompt_token_ids) for r in requests)
         planted = self.mode == "invariant" and n >= 2 and self.band[0] <= packed <= self.band[1]

@@ -179,7 +179,7 @@ def test_action_yml_is_a_well_formed_composite_action() -> None:
     assert {"config", "seed", "trials", "pip-args", "python-version", "report-dir"} <= action["inputs"].keys()
     assert set(action["outputs"]) == {"exit-code", "verdict", "report-dir"}
     uses = [s["uses"].split("@")[0] for s in action["runs"]["steps"] if "uses" in s]
-    assert uses == ["actions/setup-python", "actions/upload-artifact"]
+    assert uses == ["actions/setup-python", "actions/cache/restore", "actions/cache/save", "actions/upload-artifact"]
     install = step_named("Install oracle")["run"]
     assert '"$GITHUB_ACTION_PATH/../../.."' in install and "$ORACLE_PIP_ARGS" in install
     # Everything after the run reports even when it failed; only the last step fails the job.
@@ -470,3 +470,37 @@ def _parse_github_output(text: str) -> list[tuple[str, str]]:
             name, value = line.split("=", 1)
             out.append((name, value))
     return out
+
+
+# -- the example database ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "expected"), [("", "{temp}/oracle-example-db"), ("off", ""), ("my/db", "my/db")])
+def test_locate_step_picks_the_example_database_folder(tmp_path: Path, given: str, expected: str) -> None:
+    result = run_step("Locate the example database", tmp_path, {"config": "c.yaml", "example-db": given},
+                      extra_env={"RUNNER_TEMP": str(tmp_path / "temp")})
+    assert result.returncode == 0, result.stderr
+    assert outputs_of(tmp_path) == {"path": expected.format(temp=tmp_path / "temp")}
+
+
+def test_the_cache_is_restored_before_the_run_and_saved_after_it_even_when_it_failed() -> None:
+    steps = load_action()["runs"]["steps"]
+    names = [s.get("name") for s in steps]
+    restore, save = step_named("Restore the example database"), step_named("Save the example database")
+    assert names.index("Locate the example database") < names.index("Restore the example database") \
+        < names.index("Run oracle") < names.index("Save the example database")
+    assert save["if"].startswith("always()") and "steps.db.outputs.path != ''" in save["if"]
+    assert restore["with"]["path"] == save["with"]["path"] == "${{ steps.db.outputs.path }}"
+    assert restore["with"]["key"] == save["with"]["key"] and "github.run_id" in save["with"]["key"]
+    assert save["with"]["key"].startswith(restore["with"]["restore-keys"])
+
+
+def test_run_step_passes_the_example_database(fake_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "planted.yaml"
+    config.write_text(yaml.safe_dump(fake_config(fake_model, tmp_path / "unused", trials=3, diverge_from_batch=2)))
+    db = tmp_path / "db"
+    result = run_step("Run oracle", tmp_path, {"config": str(config), "report-dir": str(tmp_path / "rep")},
+                      {"steps.db.outputs.path": str(db)})
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["example_db"]["path"] == str(db) and report["example_db"]["saved"] > 0 and db.is_dir()
