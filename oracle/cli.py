@@ -130,6 +130,9 @@ def _run(args: argparse.Namespace) -> int:
     overrides = {"schedule.trials": args.trials} if args.trials is not None else None
     try:
         config = load_config(args.config, overrides, flags={"schedule.trials": "--trials"} if overrides else None)
+        from oracle.engines import check_engine_packages
+
+        check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
     except (OracleError, KeyboardInterrupt) as e:
         # An earlier run's report in the folder this run would write must not outlive this failure.
         replace_stale_report(args.config, args.report_dir, e)

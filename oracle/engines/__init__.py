@@ -36,8 +36,37 @@ START_WORK = {"native": "model load", "transformers": "model load", "vllm": "wor
               "openai": "server start and first probe"}
 
 
+# Packages a built-in engine imports beyond the base install, and how to get them (the message names the
+# distribution, oracle-determinism, and the extra that brings the package).
+ENGINE_PACKAGES: dict[str, tuple[str, str]] = {
+    "openai": ("httpx", "pip install 'oracle-determinism[openai]' (or pip install httpx)"),
+    "transformers": ("transformers", "pip install 'oracle-determinism[transformers]'"),
+}
+OPENAI_INSTALL = ENGINE_PACKAGES["openai"][1]
+
+
+def check_engine_packages(cfg: EngineConfig) -> None:
+    """Before the report folder is touched: the packages the built-in engine imports are installed
+    (ConfigError naming the package and the install command otherwise). Imports nothing."""
+    import importlib.util
+
+    need = ENGINE_PACKAGES.get(cfg.kind)
+    if need is None:
+        return
+    package, install = need
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a None entry in sys.modules (a blocked import), a broken package
+        found = False
+    if not found:
+        raise ConfigError(f"engine.kind: the {cfg.kind} engine needs the {package} package, which is not "
+                          f"installed: {install}")
+
+
 def check_engine_config(cfg: EngineConfig) -> None:
-    """Fail fast, before any model is made: the kind exists and every import resolves."""
+    """Fail fast, before any model is made: the kind exists, its packages are installed and every import
+    resolves."""
+    check_engine_packages(cfg)
     for i, module in enumerate(cfg.preload):
         _import(module, f"engine.preload.{i}", cfg)
     if ":" in cfg.kind:

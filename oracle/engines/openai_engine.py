@@ -85,8 +85,10 @@ def _import_httpx() -> Any:
     try:
         import httpx
     except ImportError as e:
-        raise ConfigError("engine.kind: the openai engine needs httpx; install the `vllm` extra "
-                          "(pip install 'oracle[vllm]') or `pip install httpx`") from e
+        from oracle.engines import OPENAI_INSTALL
+
+        raise ConfigError(f"engine.kind: the openai engine needs the httpx package, which is not installed: "
+                          f"{OPENAI_INSTALL}") from e
     return httpx
 
 

@@ -302,7 +302,7 @@ def test_bad_options_are_config_errors_naming_the_field(tmp_path: Path, kwargs: 
 
 def test_missing_httpx_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "httpx", None)
-    with pytest.raises(ConfigError, match="vllm"):
+    with pytest.raises(ConfigError, match=r"oracle-determinism\[openai\]"):
         OpenAIEngine(tmp_path, "production", base_url="http://127.0.0.1:1")
 
 
