@@ -7,8 +7,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 SUPPORT = Path(__file__).parent / "support"
+
+# Property tests (hypothesis): seeded (derandomized), no `.hypothesis/` folder, no deadline; a few examples
+# by default, more where the run selects the slow cases (`pytest -m slow`, as CI does).
+_PROPERTIES = dict(derandomize=True, database=None, deadline=None, print_blob=False,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("oracle-fast", max_examples=15, **_PROPERTIES)  # type: ignore[arg-type]
+settings.register_profile("oracle-slow", max_examples=200, **_PROPERTIES)  # type: ignore[arg-type]
+settings.load_profile("oracle-fast")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    expr = str(config.getoption("markexpr", "") or "")
+    if "slow" in expr.replace("not slow", ""):
+        settings.load_profile("oracle-slow")
 sys.path.insert(0, str(SUPPORT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
