@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_int_at_least(0, 2**63 - 1), default=None,
                    help="schedule seed (default: the config's, else random)")
     r.add_argument("--trials", type=_int_at_least(1), default=None, help="override schedule.trials")
+    r.add_argument("--model", default=None, help="override model: preset:NAME, a checkpoint folder (relative to "
+                                                 "the working directory) or a hub id")
     r.add_argument("--db", type=Path, default=None, metavar="PATH",
                    help="example database folder: failing trials of earlier runs are replayed first, this "
                         "run's are saved (default: none, nothing written)")
@@ -119,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     csub = c.add_subparsers(dest="config_command", required=True)
     csub.add_parser("schema", help="print the config's JSON Schema")
     csub.add_parser("reference", help="print the config reference (Markdown)")
+    ci = csub.add_parser("init", help="write a working example config to start from (default: oracle.yaml)")
+    ci.add_argument("path", nargs="?", type=Path, default=None, help="the file to write (default: oracle.yaml)")
+    pick = ci.add_mutually_exclusive_group()
+    pick.add_argument("--engine", choices=["native", "vllm", "openai", "transformers"], default=None,
+                      help="the engine's example (default: native, a tiny model on the CPU)")
+    pick.add_argument("--example", default=None, help="a shipped example by name (tiny, gpu, server, vllm-gpu, ...)")
+    ci.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     return p
 
 
@@ -127,9 +136,14 @@ def _run(args: argparse.Namespace) -> int:
     from oracle.config import load_config
     from oracle.run_guard import RunGuard, replace_stale_report
 
-    overrides = {"schedule.trials": args.trials} if args.trials is not None else None
+    overrides: dict[str, object] = {}
+    if args.trials is not None:
+        overrides["schedule.trials"] = args.trials
+    if args.model is not None:  # a folder given on the command line is the working directory's, not the config's
+        overrides["model"] = str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
+    flags = {"schedule.trials": "--trials", "model": "--model"}
     try:
-        config = load_config(args.config, overrides, flags={"schedule.trials": "--trials"} if overrides else None)
+        config = load_config(args.config, overrides or None, flags={k: flags[k] for k in overrides} or None)
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
@@ -250,6 +264,13 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.config_command == "init":
+        from oracle.example_configs import DEFAULT_PATH, write_example
+
+        path = args.path or DEFAULT_PATH
+        name = write_example(path, engine=args.engine, name=args.example, force=args.force)
+        print(f"wrote the {name} example to {path}; run it with: oracle run {path}")
+        return 0
     if args.config_command == "reference":
         from oracle.config_reference import render_reference
 
