@@ -36,7 +36,7 @@ def resolve_model(config: Config) -> Path:
     engine before anything runs; ModelError otherwise.
 
     A relative directory resolves against the config's folder. Engines that only talk to a server
-    (`openai`) or are a user's own need no weights; the native engine's architecture is checked
+    (`openai`) need no weights, nor a user's own whose class says `needs_weights = False`; the native engine's architecture is checked
     from config.json here, so an unsupported model fails before the first trial, and so is the size
     of the weights (oracle.models.size): absurd dimensions are refused before anything is allocated.
     """

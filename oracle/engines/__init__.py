@@ -70,16 +70,57 @@ def check_engine_config(cfg: EngineConfig) -> None:
     for i, module in enumerate(cfg.preload):
         _import(module, f"engine.preload.{i}", cfg)
     if ":" in cfg.kind:
-        module, _, name = cfg.kind.partition(":")
-        if not callable(getattr(_import(module, "engine.kind", cfg), name, None)):
-            raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
+        custom_engine_kwargs(cfg, _custom_class(cfg))  # a field the class cannot take fails here, before any run
     elif cfg.kind not in BUILTIN:
         raise ConfigError(f"engine.kind: {cfg.kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")
 
 
 def needs_weights(cfg: EngineConfig) -> bool:
-    """Whether the engine reads the checkpoint's weights (openai and custom engines: config.json is enough)."""
+    """Whether the engine reads the checkpoint's weights (openai: config.json is enough). A custom engine
+    gets them (a hub id is fetched with its weights) unless its class says `needs_weights = False`."""
+    if ":" in cfg.kind:
+        return bool(getattr(_custom_class(cfg), "needs_weights", True))
     return cfg.kind in RUN_WEIGHTS
+
+
+# The validated engine fields a custom engine is given, as keyword arguments, where its constructor names
+# them (or takes **kwargs and the config sets them); engine.options are passed besides, and win.
+CUSTOM_ENGINE_FIELDS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                        "enable_prefix_caching", "block_size", "num_threads")
+
+
+def custom_engine_kwargs(cfg: EngineConfig, cls: object) -> dict[str, object]:
+    """The keyword arguments of a custom engine's constructor besides model and mode: every engine field
+    it names (validated, defaults filled in), the fields the config sets away from their defaults where it
+    takes **kwargs, then engine.options. Such a field that the constructor cannot take is a ConfigError
+    naming it, never silently dropped."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no introspectable signature: the options alone, as before
+        return dict(cfg.options)
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs: dict[str, object] = {}
+    for field in CUSTOM_ENGINE_FIELDS:
+        # "Set" means away from its default: a report's resolved config (replay) spells out every field.
+        given = getattr(cfg, field) != EngineConfig.model_fields[field].default
+        if field in named or (given and var_kw):
+            kwargs[field] = getattr(cfg, field)
+        elif given and field not in cfg.options:
+            raise ConfigError(f"engine.{field}: {cfg.kind} takes no {field} argument, so the field would have "
+                              f"no effect; add `{field}` to its __init__ or remove the field")
+    kwargs.update(cfg.options)
+    return kwargs
+
+
+def _custom_class(cfg: EngineConfig) -> object:
+    module, _, name = cfg.kind.partition(":")
+    cls = getattr(_import(module, "engine.kind", cfg), name, None)
+    if cls is None or not callable(cls):
+        raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
+    return cls
 
 
 def check_model(cfg: EngineConfig, model_dir: Path) -> None:
@@ -230,12 +271,10 @@ def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:
-        module, _, name = cfg.kind.partition(":")
-        cls = getattr(_import(module, "engine.kind", cfg), name, None)
-        if cls is None or not callable(cls):
-            raise ConfigError(f"engine.kind: {module!r} has no class {name!r}")
+        cls = _custom_class(cfg)
+        kwargs = custom_engine_kwargs(cfg, cls)
         try:
-            engine = cls(model=model_dir, mode=mode, **cfg.options)
+            engine = cls(model=model_dir, mode=mode, **kwargs)  # type: ignore[operator]
         except TypeError as e:
             raise ConfigError(f"engine.options: {cfg.kind}: {e}") from e
         except OracleError:
