@@ -49,6 +49,8 @@ def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int,
     return {
         "format": FORMAT,
         "config_digest": config_digest,
+        # The invariant engine's posture digest (oracle.posture): equal digests, the same settings were tested.
+        "posture_digest": (environment.get("posture") or {}).get("digests", {}).get("invariant"),
         # Golden files are committed: the engines' self-description (command lines, env) without secrets.
         "environment": scrub_tree(redact_tree(environment, found), found),
         "targets": {

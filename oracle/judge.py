@@ -380,9 +380,12 @@ def golden(runs: Runs, requirement: str) -> Judged:
     diffs = compare_golden(dict(runs.golden), refs, prompts)
     changed = environment_changes(runs.golden.get("environment", {}), dict(runs.environment))
     changed = {k: v for k, v in changed.items()
-               if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production"))}
+               if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production",
+                                    "posture.modes.production", "posture.digests.production", "posture.digest"))}
     ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed,
-          "config_digest": {"golden": runs.golden.get("config_digest"), "now": runs.config.digest()}}
+          "config_digest": {"golden": runs.golden.get("config_digest"), "now": runs.config.digest()},
+          "posture_digest": {"golden": runs.golden.get("posture_digest"),
+                             "now": (runs.environment.get("posture") or {}).get("digests", {}).get("invariant")}}
     if not refs:
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
                                   message="no reference completed"))

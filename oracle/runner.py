@@ -92,6 +92,9 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     report.environment.update(model_dir=str(plan.model_dir), targets=len(plan.targets), trials=len(plan.trials),
                               target_names=[t.name for t in plan.targets])
     out_dir = report_dir or Path(config.report_dir)
+    # Known hazards of the posture the config asks for, said before any engine starts.
+    for line in declared_hazards(plan):
+        observer.warn(line)
     results: dict[Mode, ModeResult] = {}
     build = engine_builder(plan)
     localizer = OpLocalizer(out_dir / "repro")
@@ -124,6 +127,10 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     from oracle.golden import golden_path, read_golden
 
     report.environment["engines"] = {m: dict(r.engine) for m, r in results.items()}
+    if report.environment["engines"]:
+        from oracle.posture import report_posture
+
+        report.environment["posture"] = report_posture(report.environment["engines"])
     inv, prod = results.get("invariant"), results.get("production")
     trials = {t.trial_id: t for t in plan.trials}
     if inv is not None:
@@ -139,6 +146,43 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden)
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
+    record_posture(plan, report)
+
+
+def _hazard_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    from oracle.posture import model_facts
+
+    s = plan.config.sampling
+    return model_facts(plan.model_dir), {"temperature": s.temperature, "max_tokens": s.max_tokens}
+
+
+def declared_hazards(plan: Plan) -> list[str]:
+    """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches."""
+    from oracle.hazards import match_hazards, warning_lines
+    from oracle.posture import declared_posture
+
+    model, sampling = _hazard_inputs(plan)
+    return warning_lines(match_hazards(declared_posture(plan.config.engine, "invariant"), model, sampling))
+
+
+def record_posture(plan: Plan, report: Report) -> None:
+    """The engines' posture and digest into the environment; the hazards the invariant posture matches, each
+    cited on every invariant-mode divergence (`evidence.known_hazards`)."""
+    from oracle.hazards import match_hazards
+
+    posture = report.environment.get("posture")
+    if not isinstance(posture, dict):
+        return
+    invariant = posture["modes"].get("invariant")
+    if invariant is None:
+        return
+    model, sampling = _hazard_inputs(plan)
+    found = match_hazards(invariant, model, sampling)
+    report.environment["hazards"] = [m.to_json() for m in found]
+    cited = [m.hazard.cite() for m in found]
+    for d in report.divergences if cited else ():
+        if d.mode == "invariant":
+            d.evidence["known_hazards"] = cited
 
 
 def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> None:
@@ -158,6 +202,7 @@ def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> No
 def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:
     """Run the invariant solo references only and write them, with the environment, to `golden_file`."""
     from oracle.golden import make_golden, write_golden
+    from oracle.posture import report_posture
     from oracle.watchdog import start_engine
 
     observer = observer or Observer()
@@ -166,6 +211,7 @@ def record_golden(config: Config, golden_file: Path, observer: Observer | None =
     engine = start_engine(config.engine, plan.model_dir, "invariant")
     env = collect_environment()
     env["engines"] = {"invariant": engine.describe()}
+    env["posture"] = report_posture(env["engines"])
     refs: dict[str, Completion] = {}
     observer.phase("record", len(plan.targets))
     try:

@@ -159,7 +159,8 @@ class VllmEngine:
         out: dict[str, Any] = {
             "engine": "vllm",
             "engine_version": info.get("engine_version"),
-            "device": "cpu",
+            # The device the worker's vLLM resolved (cpu or cuda), not assumed.
+            "device": info.get("posture", {}).get("device", "unknown"),
             "dtype": s.dtype,
             "invariance_mechanism": INVARIANCE[s.invariance] if self.mode == "invariant" else
             "none (vLLM's default kernels)",
@@ -174,6 +175,9 @@ class VllmEngine:
             "torch_threads": info.get("torch_threads"),
             "worker_env": info.get("env", {}),
         }
+        if "posture" in info:
+            out["posture"] = {**info["posture"], "engine_version": info.get("engine_version"),
+                              "invariance_mechanism": out["invariance_mechanism"]}
         if "covered_ops" in info:
             out["covered_ops"] = info["covered_ops"]
         if "ops" in info:

@@ -182,6 +182,7 @@ class WorkerEngine:
             "linear_kernel": "aten (F.linear)" if spec.uses_oracle_kernels else "vLLM's CPU dispatch (oneDNN)",
         }
         self.info.update(_threads())
+        self.info["posture"] = _posture(self.engine, spec)
         if spec.uses_oracle_kernels:
             import oracle_kernels
 
@@ -506,6 +507,102 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
         close_pass()
         for h in handles:
             h.remove()
+
+
+def _linear_kernels(engine: Any) -> dict[str, int]:
+    """How many layers run each linear kernel, read from the loaded model (vLLM's CPU backend binds one per
+    layer at load, `layer.cpu_linear`): the path production really takes, not the one it is expected to."""
+    try:
+        model = _find_model(engine)
+    except Exception:  # noqa: BLE001 - posture only: a layout this reader does not know is "unknown"
+        return {}
+    counts: Counter[str] = Counter()
+    for module in model.modules():
+        fn = getattr(module, "cpu_linear", None)
+        if fn is None:
+            continue
+        code = getattr(getattr(fn, "__code__", None), "co_names", ())
+        name = getattr(fn, "__name__", "")
+        if "onednn_mm" in code:
+            counts["oneDNN (_C::onednn_mm)"] += 1
+        elif "weight_packed_linear_cpu" in code:
+            counts["sgl-kernel weight_packed_linear"] += 1
+        elif "zentorch_linear_unary" in code:
+            counts["zentorch"] += 1
+        elif name == "linear" or "linear" in code:
+            counts["torch F.linear (aten mm)"] += 1
+        else:
+            counts[name or "other"] += 1
+    return dict(counts)
+
+
+def _posture(engine: Any, spec: WorkerSpec) -> dict[str, Any]:
+    """The settings vLLM resolved at start (`oracle.posture.FIELDS`), read from its `VllmConfig` and the loaded
+    model; whatever this vLLM version does not expose is "unknown"."""
+    import os
+
+    unknown = "unknown"
+    cfg = getattr(engine, "vllm_config", None)
+
+    def read(obj: Any, *path: str) -> Any:
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                return unknown
+        return obj
+
+    def text(value: Any) -> Any:
+        return value if isinstance(value, (bool, int, float, str)) else str(value)
+
+    device = text(read(cfg, "device_config", "device"))
+    backends: set[str] = set()
+    for layer in (read(cfg, "compilation_config", "static_forward_context") or {}).values() \
+            if isinstance(read(cfg, "compilation_config", "static_forward_context"), dict) else ():
+        backend: Any = getattr(layer, "attn_backend", None)
+        with contextlib.suppress(Exception):
+            backends.add(str(backend.get_name()))
+    attention = ", ".join(sorted(backends)) or unknown
+    fa_version = read(cfg, "attention_config", "flash_attn_version")
+    if "FLASH_ATTN" in attention:
+        with contextlib.suppress(Exception):
+            from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+
+            fa_version = get_flash_attn_version() if fa_version == unknown else fa_version
+        attention += f" (FA{fa_version})" if fa_version not in (unknown, None) else ""
+    passes = read(cfg, "compilation_config", "pass_config")
+    pass_flags = {k: v for k, v in vars(passes).items() if isinstance(v, bool)} if passes != unknown else {}
+    sp = any(v for k, v in pass_flags.items() if k in ("enable_sp", "enable_sequence_parallelism")
+             or "sequence_parallel" in k or "async_tp" in k or k == "fuse_gemm_comms")
+    tp = read(cfg, "parallel_config", "tensor_parallel_size")
+    custom_ar = not read(cfg, "parallel_config", "disable_custom_all_reduce") if isinstance(tp, int) and tp > 1 \
+        else False
+    spec_cfg = read(cfg, "speculative_config")
+    sampler = "pytorch (vLLM's TopKTopPSampler)"
+    if str(device).startswith("cuda"):
+        sampler = "flashinfer (top-k/top-p)" if os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0" \
+            else "pytorch (vLLM's TopKTopPSampler)"
+    linear = _linear_kernels(engine)
+    keys = ("VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
+            "VLLM_CPU_ATTN_SPLIT_KV", "CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "OMP_NUM_THREADS")
+    return {
+        "engine": "vllm", "device": device, "dtype": text(read(cfg, "model_config", "dtype")).removeprefix("torch."),
+        "attention_backend": attention,
+        "cuda_graphs": "off" if spec.enforce_eager else text(read(cfg, "compilation_config", "cudagraph_mode")),
+        "cuda_graph_sizes": list(read(cfg, "compilation_config", "cudagraph_capture_sizes") or [])
+        if not spec.enforce_eager and isinstance(read(cfg, "compilation_config", "cudagraph_capture_sizes"), list)
+        else [],
+        "compile_mode": "none (eager)" if spec.enforce_eager else text(read(cfg, "compilation_config", "mode")),
+        "async_scheduling": text(read(cfg, "scheduler_config", "async_scheduling")),
+        "chunked_prefill": text(read(cfg, "scheduler_config", "enable_chunked_prefill")),
+        "prefix_caching": text(read(cfg, "cache_config", "enable_prefix_caching")),
+        "spec_decoding": "none" if spec_cfg in (unknown, None) else text(getattr(spec_cfg, "method", spec_cfg)),
+        "tensor_parallel": text(tp), "pipeline_parallel": text(read(cfg, "parallel_config", "pipeline_parallel_size")),
+        "sequence_parallel": sp, "all_reduce": "custom all-reduce" if custom_ar else ("nccl" if tp != 1 else "none"),
+        "sampler": sampler, "kv_cache_dtype": text(read(cfg, "cache_config", "cache_dtype")),
+        "quantization": text(getattr(getattr(cfg, "model_config", None), "quantization", None) or "none"),
+        "linear_kernel": ", ".join(f"{k} x{n}" for k, n in sorted(linear.items())) or unknown,
+        "env": {k: os.environ[k] for k in keys if k in os.environ},
+    }
 
 
 def _threads() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from oracle.observer import Observer
+from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first
 from oracle.render.verdict import headline, shown_verdict, style
@@ -63,6 +64,9 @@ class ConsoleObserver(Observer):
 
     def seed(self, seed: int) -> None:
         self.console.print(f"schedule seed: {seed} (replay this schedule with --seed {seed})")
+
+    def warn(self, message: str) -> None:
+        self.console.print(terminal_text(message), style="yellow")
 
     def phase(self, name: str, total: int) -> None:
         self.name, self.total, self.count, self.divergences = name, total, 0, 0
@@ -127,6 +131,11 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
             _divergence_table(console, title, rows, max_rows, narrow)
     if report.error:
         console.print(f"engine error: {terminal_text(report.error)}", style="red")
+    posture = summary_line(report.environment)
+    if posture:
+        console.print(terminal_text(posture))
+    for line in hazard_summary_lines(report.environment):
+        console.print(terminal_text(line), style="yellow")
     tm = report.timings
     console.print(f"report: {terminal_text(report_path)}   time: {tm.get('total_s', 0):.1f}s "
                   f"(invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s)"

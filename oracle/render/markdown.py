@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import markdown_text
 from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first
 from oracle.render.verdict import headline, is_warning, shown_verdict
@@ -43,6 +44,10 @@ def render_markdown(report: Report, max_rows: int = 10) -> str:
                      f"{c.divergent} | {markdown_text(c.message)} |")
     if report.error:
         lines += ["", f"**engine error:** {markdown_text(report.error)}"]
+    posture = summary_line(env)
+    if posture:
+        lines += ["", markdown_text(posture)]
+    lines += [f"- **{markdown_text(x)}**" for x in hazard_summary_lines(env)]
     for c in report.checks:
         if c.name == "golden" and c.verdict != "pass":
             found = golden_lines(c)

