@@ -423,6 +423,26 @@ def modes_read(config: Config) -> list[Mode]:
     return [m for m in BOTH if m in read]
 
 
+# Checks that compare one mode's server against the other's: with one server for both, they compare it
+# with itself, and say so (vacuous), whatever they found.
+SELF_COMPARED = ("fidelity", "drift", "negative_control")
+SHARED_SERVER = ("one server serves both modes (engine.options.base_url is a single URL), so this compares "
+                 "the server with itself; give base_url: {invariant: URL, production: URL}")
+
+
+def shared_server(config: Config) -> bool:
+    """The openai engine with one base_url for both modes."""
+    return config.engine.kind == "openai" and isinstance(config.engine.options.get("base_url"), str)
+
+
+def _self_compared(result: CheckResult) -> CheckResult:
+    if result.verdict == "error":
+        return result
+    message = SHARED_SERVER + (f" (found: {result.message})" if result.message else "")
+    return result.model_copy(update={"verdict": "vacuous", "message": message,
+                                     "evidence": {**result.evidence, "shared_server": True}})
+
+
 def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
     """Every enabled check whose modes ran, in table order."""
     results: list[CheckResult] = []
@@ -434,7 +454,8 @@ def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
         if name == "golden" and runs.golden is None:
             continue
         judged = check(runs, requirement)
-        results.append(judged.result)
+        self_compared = name in SELF_COMPARED and shared_server(runs.config)
+        results.append(_self_compared(judged.result) if self_compared else judged.result)
         divergences += judged.divergences
     return results, divergences
 

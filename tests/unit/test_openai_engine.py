@@ -583,3 +583,34 @@ def test_a_loopback_server_passes_the_bind_check(tmp_path: Path, server_tmp: Pat
     finally:
         engine.close()
     assert not list(server_tmp.glob("oracle-server-*.log"))
+
+
+def test_one_server_for_both_modes_makes_the_mode_comparisons_vacuous(stub: Any, tmp_path: Path) -> None:
+    """One base_url: fidelity, drift and the negative control compare the server with itself and say so in
+    their verdict and in every view, never a plain pass."""
+    import yaml
+
+    from oracle.config import load_config
+    from oracle.models import make_model
+    from oracle.render.files import write_formats
+    from oracle.runner import run
+
+    model = make_model("tiny-qwen3", tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": "model",
+        "engine": {"kind": "openai", "options": {"base_url": _url(stub), "concurrency": 4}},
+        "prompts": {"random": {"count": 2, "min_len": 3, "max_len": 6}},
+        "sampling": {"max_tokens": 3, "logits": "digest"},
+        "schedule": {"trials": 3, "batch_size": [1, 3], "repeat_trials": 1, "shrink": False},
+        "checks": {"fidelity": "warn", "prefill_decode": "off", "prefix_cache": "off"},
+    }))
+    out = tmp_path / "report"
+    report = run(load_config(cfg), seed=1, report_dir=out, views=[write_formats])
+    verdicts = {c.name: c for c in report.checks}
+    for name in ("fidelity", "drift", "negative_control"):
+        assert verdicts[name].verdict == "vacuous", name
+        assert "compares the server with itself" in verdicts[name].message
+    assert verdicts["invariance"].evidence.get("shared_server") is None
+    assert "compares the server with itself" in (out / "summary.md").read_text()
