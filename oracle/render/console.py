@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich import box
@@ -128,7 +128,7 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
     for title, checks in sections:
         rows = minimal_first([d for d in report.divergences if d.check in checks])
         if rows:
-            _divergence_table(console, title, rows, max_rows, narrow)
+            _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
     if report.error:
         console.print(f"engine error: {terminal_text(report.error)}", style="red")
     posture = summary_line(report.environment)
@@ -142,7 +142,16 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
                   f"   exit {report.exit_code()}")
 
 
-def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: int, narrow: bool) -> None:
+def replay_of(report: Report, report_path: str) -> Callable[[int], str]:
+    """trial id -> the replay command for this report's real path (with --trust-report where its config
+    loads code)."""
+    from oracle.trust import replay_command
+
+    return lambda trial_id: replay_command(report_path, trial_id, report.config)
+
+
+def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: int, narrow: bool,
+                      replay: Callable[[int], str]) -> None:
     shown = rows[:max_rows]
     notes = []
     if any(is_minimal(d) for d in shown):
@@ -170,7 +179,7 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
             position = d.trial.position if d.trial else "?"
             console.print(f"{size} failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
                           f"{terminal_text(d.target)} at position {position}; replay: "
-                          f"oracle replay REPORT.json --trial {d.trial_id}", style="bold")
+                          f"{terminal_text(replay(d.trial_id))}", style="bold")
         where = localized_line(d)
         if where:
             console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")

@@ -80,11 +80,12 @@ def _mark_junit(text: str, report: Report) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def render_formats(report: Report) -> dict[str, str]:
+def render_formats(report: Report, report_path: str = "report.json") -> dict[str, str]:
     """The text of junit.xml, summary.md and report.html, marked partial when the report is; of the
-    report's public copy (secrets redacted, see `Report.public`)."""
+    report's public copy (secrets redacted, see `Report.public`). `report_path`: for replay commands."""
     report = report.public()
-    texts = {"junit": render_junit(report), "markdown": render_markdown(report), "html": render_html(report)}
+    texts = {"junit": render_junit(report), "markdown": render_markdown(report, report_path=report_path),
+             "html": render_html(report)}
     if report.partial:
         texts = {"junit": _mark_junit(texts["junit"], report), "markdown": _mark_markdown(texts["markdown"], report),
                  "html": _mark_html(texts["html"], report)}
@@ -94,7 +95,7 @@ def render_formats(report: Report) -> dict[str, str]:
 def write_formats(report: Report, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for key, text in render_formats(report).items():
+    for key, text in render_formats(report, str(out_dir / FILES["json"])).items():
         paths[key] = out_dir / FILES[key]
         write_atomic(paths[key], text)
     return paths

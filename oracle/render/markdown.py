@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from oracle.posture import hazard_summary_lines, summary_line
-from oracle.render.escape import markdown_text
+from oracle.render.escape import markdown_text, terminal_text
 from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first
 from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
@@ -26,7 +26,8 @@ def _verdict_cell(c: Any) -> str:
     return _ICON.get(shown, markdown_text(shown))
 
 
-def render_markdown(report: Report, max_rows: int = 10) -> str:
+def render_markdown(report: Report, max_rows: int = 10, report_path: str = "report.json") -> str:
+    """The summary; `report_path`: where report.json is, for the replay command."""
     env = report.environment
     lines = [
         f"## oracle: {headline(report)}",
@@ -81,7 +82,10 @@ def render_markdown(report: Report, max_rows: int = 10) -> str:
     replay = next((d for d in minimal_first(report.divergences) if d.check == "invariance" and d.trial_id is not None),
                   None)
     if replay:
-        lines += ["", f"Replay: `oracle replay REPORT_DIR/report.json --trial {int(replay.trial_id)}`"]
+        from oracle.trust import replay_command
+
+        command = replay_command(report_path, int(replay.trial_id), report.config)
+        lines += ["", f"Replay: `{terminal_text(command).replace('`', '')}`"]  # a code span: shown literally
     return "\n".join(lines) + "\n"
 
 
