@@ -43,6 +43,16 @@ def _err(line: str) -> None:
     print(terminal_text(line, newlines=True), file=sys.stderr)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """An argparse type: `I/N` (oracle.shard.parse_shard), the error naming --shard."""
+    from oracle.shard import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--shard: ")) from None
+
+
 TRUST_HELP = ("re-run a config that loads code (a custom engine, preload modules, a server command, process "
               "environment): only for a report whose source you trust")
 
@@ -78,6 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--db", type=Path, default=None, metavar="PATH",
                    help="example database folder: failing trials of earlier runs are replayed first, this "
                         "run's are saved (default: none, nothing written)")
+    r.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                   help="run only shard I of N (0-based) of the seed's schedule; `oracle merge` joins the shards")
+
+    mg = sub.add_parser("merge", help="merge the shard folders of one run into the report the unsharded run gives")
+    mg.add_argument("shards", type=Path, nargs="+", metavar="DIR", help="the shards' report folders")
+    mg.add_argument("--report-dir", type=Path, default=Path("oracle-report"),
+                    help="where the merged report goes (default: oracle-report)")
+    mg.add_argument("--trust-report", action="store_true",
+                    help="a failing run is shrunk on an engine started from the shards' config: " + TRUST_HELP)
 
     rp = sub.add_parser("replay", help="rerun one trial of a report and show its divergence")
     rp.add_argument("report", type=Path)
@@ -166,13 +185,27 @@ def _run(args: argparse.Namespace) -> int:
 
         console = make_console()
         report = run(config, seed=guard.seed, observer=ConsoleObserver(console), report_dir=report_dir,
-                     views=[write_formats], example_db=args.db)
+                     views=[write_formats], example_db=args.db, shard=args.shard)
     print_summary(console, report, str(report_dir / "report.json"))
     for mode, described in report.environment.get("engines", {}).items():
         if isinstance(described, dict) and described.get("close_error"):
             _err(f"oracle: warning: {mode} engine: {described['close_error']}")
     if report.error:
         _err(f"oracle: error: {report.error} (partial report in {report_dir})")
+    return report.exit_code()
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from oracle.merge import merge
+    from oracle.render.console import ConsoleObserver, make_console, print_summary
+    from oracle.render.files import write_formats
+
+    console = make_console()
+    report = merge(args.shards, args.report_dir, observer=ConsoleObserver(console), views=[write_formats],
+                   trusted=args.trust_report)
+    print_summary(console, report, str(args.report_dir / "report.json"))
+    if report.error:
+        _err(f"oracle: error: {report.error} (partial report in {args.report_dir})")
     return report.exit_code()
 
 
@@ -283,7 +316,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": _run, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
+    "run": _run, "merge": _merge, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
     "config": _config,
 }
 

@@ -29,6 +29,7 @@ from oracle.plan import Plan, solo_request, target_sampling, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
+from oracle.timings import PhaseClock
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class ModeResult:
     seconds: float = 0.0
     search: SearchOutcome | None = None  # the guided search (schedule.search), invariant mode
     search_trials: tuple[Trial, ...] = ()  # its trials (ids after the schedule's and the replayed ones)
+    timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds (oracle.timings)
 
 
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
@@ -141,6 +143,7 @@ class ModeExecution:
         self.search: SearchOutcome | None = None
         self.search_trials: list[Trial] = []
         self.divergent = 0
+        self.clock = PhaseClock()
 
     def result(self) -> ModeResult:
         ro = MappingProxyType
@@ -148,7 +151,7 @@ class ModeExecution:
             self.mode, ro(dict(self.describe)), ro(dict(self.solo)), ro(dict(self.trials)), ro(dict(self.repeats)),
             ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
-            search=self.search, search_trials=tuple(self.search_trials),
+            search=self.search, search_trials=tuple(self.search_trials), timings=ro(dict(self.clock.seconds)),
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -192,45 +195,56 @@ class ModeExecution:
         checks = cfg.checks
         plan = self.plan
         invariant = self.mode == "invariant"
-        n_repeat = min(cfg.schedule.repeat_trials, len(plan.trials))
+        to_repeat = repeated_trials(plan)
+        n_repeat = len(to_repeat)
+        # A shard other than 0 leaves the per-target checks to shard 0; shards leave shrinking to the merge.
+        per_target = plan.shard is None or plan.shard.runs_per_target_checks
         n_prefill = len(plan.targets) * checks.prefill_decode.steps
-        if not invariant or checks.prefill_decode.requirement == "off":
+        if not invariant or checks.prefill_decode.requirement == "off" or not per_target:
             n_prefill = 0
         searching = invariant and checks.invariance.requirement != "off"
         replayed = plan.replayed if searching else ()  # failing trials of earlier runs, first
         self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + n_repeat + n_prefill)
         t0 = time.perf_counter()
-        self.engine = self.build(self.mode)
-        self.describe = self.engine.describe()
+        clock = self.clock.phase
+        with clock("engine_start"):
+            self.engine = self.build(self.mode)  # once per run and mode; trials reset its prefix cache (fresh)
+            self.describe = self.engine.describe()
         try:
-            for i in range(len(plan.targets)):
-                solo = fresh(self.engine, [solo_request(plan, i)])[0]
-                self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
-                self.observer.advance(0)
-            for trial in replayed:
-                self.divergent += self.diverges(trial)
-                self.observer.advance(self.divergent)
-            repeated = {t.trial_id for t in plan.trials[:n_repeat]}
-            for trial in plan.trials:
-                self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
-                self.observer.advance(self.divergent)
+            with clock("references"):
+                for i in range(len(plan.targets)):
+                    solo = fresh(self.engine, [solo_request(plan, i)])[0]
+                    self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
+                    self.observer.advance(0)
+            with clock("trials"):
+                for trial in replayed:
+                    self.divergent += self.diverges(trial)
+                    self.observer.advance(self.divergent)
+                repeated = {t.trial_id for t in to_repeat}
+                for trial in plan.trials:
+                    self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
+                    self.observer.advance(self.divergent)
             if searching and cfg.schedule.search.trials:
-                self._search()
-            for trial in plan.trials[:n_repeat]:
-                self.run_repeat(trial)
-                self.observer.advance(self.divergent)
-            if invariant and checks.invariance.requirement != "off":
-                self._shrink_and_localize()
-            if n_prefill:
-                self._prefill_decode(checks.prefill_decode.steps)
-            if invariant and checks.prefix_cache.requirement != "off":
-                self._prefix_cache()
+                with clock("search"):
+                    self._search()
+            with clock("repeats"):
+                for trial in to_repeat:
+                    self.run_repeat(trial)
+                    self.observer.advance(self.divergent)
+            if invariant and checks.invariance.requirement != "off" and plan.shard is None:
+                self.shrink_and_localize()
+            with clock("checks"):
+                if n_prefill:
+                    self._prefill_decode(checks.prefill_decode.steps)
+                if invariant and checks.prefix_cache.requirement != "off" and per_target:
+                    self._prefix_cache()
         finally:
-            self.seconds = time.perf_counter() - t0
             # Again at the end: what an engine learns while running (which products took which path).
             with contextlib.suppress(Exception):  # an engine that died keeps its first description
                 self.describe = self.engine.describe()
-            self.engine.close()
+            with clock("close"):
+                self.engine.close()
+            self.seconds = time.perf_counter() - t0
             self.observer.done()
 
     def _failing(self) -> list[Trial]:
@@ -241,7 +255,8 @@ class ModeExecution:
 
     def _next_id(self) -> int:
         ran = [*self.plan.replayed, *self.plan.trials, *self.search_trials, *self.shrink_trials]
-        return max((t.trial_id for t in ran), default=-1) + 1
+        after = self.plan.shard.schedule_size if self.plan.shard is not None else 0  # a shard's ids: the schedule's
+        return max(after, max((t.trial_id for t in ran), default=-1) + 1)
 
     def _search(self) -> None:
         """The guided search (oracle.search): its trials run here, judged as the schedule's."""
@@ -266,6 +281,12 @@ class ModeExecution:
                                      self._next_id(), ran_before, prior, ran)
         finally:
             self.observer.done()
+
+    def shrink_and_localize(self) -> None:
+        """Shrink the first failing trial and localize it (and the smallest), timed as `shrink` and `localize`.
+        `oracle merge` calls this on an engine of its own with every shard's results filled in."""
+        with self.clock.phase("shrink"):
+            self._shrink_and_localize()
 
     def _shrink_and_localize(self) -> None:
         failing = self._failing()
@@ -312,7 +333,8 @@ class ModeExecution:
             return
         self.observer.phase("localize", 1)
         try:
-            self.localized[key] = self.localizer.localize(self.engine, expected, actual)
+            with self.clock.phase("localize"):
+                self.localized[key] = self.localizer.localize(self.engine, expected, actual)
         except OracleError as e:
             self.localize_notes.append(f"localize {key}: {e}")
         except Exception as e:  # noqa: BLE001 - the verdict stands without the op
@@ -355,3 +377,10 @@ class ModeExecution:
             req = Request(f"prefill-{target.name}-{i}", target.token_ids + tuple(self.solo[t].token_ids[:i]),
                           target_sampling(self.plan.config, 1))
             self._localize(("prefill", t, i), RunSpec((solo_request(self.plan, t),), 0), RunSpec((req,), 0))
+
+
+def repeated_trials(plan: Plan) -> tuple[Trial, ...]:
+    """The trials run twice: the schedule's first `repeat_trials` (a shard: those of them it holds)."""
+    if plan.shard is not None:
+        return tuple(t for t in plan.trials if t.trial_id in plan.shard.repeat_ids)
+    return plan.trials[: min(plan.config.schedule.repeat_trials, len(plan.trials))]

@@ -10,12 +10,16 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oracle.config import Config
 from oracle.contract import Request, SamplingParams
 from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.schedule import Trial, filler_tokens
+
+if TYPE_CHECKING:
+    from oracle.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Plan:
     # Failing trials of earlier runs from the example database (oracle.example_db), run first in invariant
     # mode: ids after the schedule's.
     replayed: tuple[Trial, ...] = ()
+    # `oracle run --shard i/N`: `trials` holds this shard's slice of the schedule (oracle.shard).
+    shard: Shard | None = None
 
 
 def resolve_model(config: Config) -> Path:

@@ -166,6 +166,10 @@ class Report(_Model):
                                    "failing search trials")
     example_db: dict[str, Any] = Field(default_factory=dict, description="the example database (--db): path, "
                                        "key, trials replayed first, saved and deleted")
+    shard: dict[str, Any] = Field(default_factory=dict, description="`oracle run --shard i/N`: index, count, "
+                                  "schedule_size and this shard's trial ids; its checks cover those trials only and "
+                                  "it exits 0 once complete: `oracle merge` gives the run's verdict. For a merged "
+                                  "report: the shards merged")
     error: str | None = None
     complete: bool = False
     # The exit code `error` stands for when it is not an engine error (3): 2 for a config or model
@@ -200,6 +204,8 @@ class Report(_Model):
             return self._error_exit_code if self._error_exit_code is not None else EXIT_ENGINE
         if not self.complete:
             return EXIT_ENGINE
+        if self.shard.get("count") is not None and self.shard.get("index") is not None:
+            return EXIT_OK  # one shard's slice: its results are whole; the merged report holds the verdict
         return EXIT_FAILED if any(c.blocks for c in self.checks) else EXIT_OK
 
     def set_error(self, message: str, exit_code: int = EXIT_ENGINE) -> None:

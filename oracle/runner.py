@@ -29,6 +29,7 @@ from oracle.judge import Runs, coverage, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request
 from oracle.report import Report, TrialRecord
+from oracle.timings import rounded
 
 # A view writes one more format of a finished (or partial) report into the report folder.
 View = Callable[[Report, Path], Any]
@@ -71,11 +72,14 @@ class OpLocalizer:
 
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,
-        report_dir: Path | None = None, views: Sequence[View] = (), example_db: Path | None = None) -> Report:
+        report_dir: Path | None = None, views: Sequence[View] = (), example_db: Path | None = None,
+        shard: tuple[int, int] | None = None) -> Report:
     """Run every check of `config`; writes `report.json` (also a partial one on an engine error or signal).
 
     `example_db`: a folder of failing trials of earlier runs (oracle.example_db), replayed before the
-    schedule and updated afterwards; none is read or written without it."""
+    schedule and updated afterwards; none is read or written without it. `shard` (index, count): run
+    only that slice of the schedule and write its results beside the report for `oracle merge`
+    (oracle.shard)."""
     from oracle.example_db import ExampleDB
 
     observer = observer or Observer()
@@ -84,6 +88,10 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     db = ExampleDB.open(example_db, config) if example_db is not None else None
     if db is not None:
         plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials)))
+    if shard is not None:
+        from oracle.shard import slice_plan
+
+        plan = slice_plan(plan, *shard)
     observer.seed(plan.seed)
     report = Report(
         oracle_version=__version__, seed=plan.seed, config=config.model_dump(mode="json"),
@@ -91,6 +99,10 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     )
     report.environment.update(model_dir=str(plan.model_dir), targets=len(plan.targets), trials=len(plan.trials),
                               target_names=[t.name for t in plan.targets])
+    if plan.shard is not None:
+        report.shard = {k: v for k, v in plan.shard.to_json().items() if k != "repeats"}
+        report.environment["trials"] = plan.shard.schedule_size
+    report.timings["plan_s"] = round(time.perf_counter() - t0, 3)
     out_dir = report_dir or Path(config.report_dir)
     # Known hazards of the posture the config asks for, said before any engine starts.
     for line in declared_hazards(plan):
@@ -106,6 +118,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
             finally:
                 results[mode] = execution.result()
                 report.timings[f"{mode}_s"] = round(execution.seconds, 3)
+                report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
         report.complete = True
     except EngineError as e:
         report.set_error(str(e))
@@ -114,12 +127,36 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         raise
     finally:
         # Judge what completed, so an engine failure or a signal still leaves a useful report.
+        t_judge = time.perf_counter()
         finish(plan, results, report)
+        report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
         if db is not None:
             update_db(db, plan, results.get("invariant"), report)
+        if plan.shard is not None:
+            from oracle.shard_results import save_results
+
+            save_results(out_dir, plan.shard, plan.seed, report.config_digest, report.oracle_version, plan.targets,
+                         results)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        report.write(out_dir, views)  # the views' formats, then report.json, signals held meanwhile
+        # the views' formats, then report.json, signals held meanwhile
+        report.write(out_dir, timed_views(views, report, t0))
     return report
+
+
+def timed_views(views: Sequence[View], report: Report, t0: float) -> list[View]:
+    """`views`, then one that records their time as `write_s` and the run's as `total_s` (report.json, written
+    after the views, holds both)."""
+    started: list[float] = []
+
+    def first(r: Report, path: Path) -> None:
+        started.append(time.perf_counter())
+
+    def last(r: Report, path: Path) -> None:
+        if started:
+            r.timings["write_s"] = round(time.perf_counter() - started[0], 3)
+        r.timings["total_s"] = round(time.perf_counter() - t0, 3)
+
+    return [first, *views, last]
 
 
 def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:

@@ -1,0 +1,251 @@
+"""`oracle merge DIR... --report-dir OUT`: the shards of one run -> the report the unsharded run gives.
+
+Every shard folder holds a report.json and its raw results (oracle.shard_results). The merge checks
+that they are the whole of one run, or stops with a ConfigError (exit 2) naming the folder: a shard
+missing, twice, partial (its run stopped, its results file damaged or short of trials), or of another
+run (oracle version, seed, config digest, shard count, schedule or targets differ), or whose solo
+references are not bitwise the other shards' (engines that disagree: run every shard on one kind
+of machine). It then lays the shards' results side by side as one run's and judges them with the
+same functions as `oracle run` (runner.finish): checks, verdicts, divergences and coverage are the
+unsharded run's, because they are computed from the same outputs.
+
+Shrinking and localization run here, once, for the run's first failing trial, on an invariant
+engine the merge starts only when there is such a trial (a passing run's merge needs no engine, no
+model and no accelerator). Shards do not shrink: a shard cannot know whether a trial of another
+shard failed first, so shrinking in shards would shrink up to N trials to keep one, and the
+candidates' trial ids (numbered after the schedule) would collide between shards. Run here, the
+shrinker starts from the trial the unsharded run starts from, with the same ids, the same budget
+and the same invariant engine, so its candidates, smallest trial and localized op are the
+unsharded run's (as a rerun of any trial is: oracle replay relies on the same). The per-target
+checks (prefill_decode, prefix_cache) run, and localize, in shard 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from oracle.compare import first_divergence
+from oracle.config import Config, parse_config
+from oracle.contract import Completion, Mode
+from oracle.errors import ConfigError, EngineError
+from oracle.execute import ModeResult
+from oracle.observer import Observer
+from oracle.plan import Plan
+from oracle.report import Report, load_report
+from oracle.runner import View, finish, timed_views
+from oracle.schedule import Trial
+from oracle.shard import assign
+from oracle.shard_results import ShardResults, load_results
+
+
+def _load(folder: Path) -> tuple[Report, ShardResults]:
+    path = folder / "report.json"
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such shard folder")
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing: the shard did not run, or this is not a shard's folder")
+    report = load_report(path)
+    sh = report.shard
+    if "index" not in sh or "count" not in sh:
+        raise ConfigError(f"{path}: not a shard's report (`oracle run CONFIG --shard i/N` writes one)")
+    if not report.complete:
+        raise ConfigError(f"{path}: shard {sh['index']}/{sh['count']} is partial "
+                          f"({report.error or 'not complete'}); run that shard again")
+    results = load_results(folder)
+    s = results.shard
+    if (s.index, s.count, results.seed, results.config_digest) != (sh["index"], sh["count"], report.seed,
+                                                                     report.config_digest):
+        raise ConfigError(f"{results.path}: belongs to another run than {path} (shard, seed or config differ)")
+    return report, results
+
+
+def _same_run(folders: Sequence[Path], loaded: Sequence[tuple[Report, ShardResults]]) -> None:
+    """Every shard of one run, each once; ConfigError naming the folder otherwise."""
+    first, (r0, s0) = folders[0], loaded[0]
+    for folder, (r, s) in zip(folders[1:], loaded[1:], strict=True):
+        for what, a, b in (("oracle version", r0.oracle_version, r.oracle_version), ("seed", r0.seed, r.seed),
+                           ("config digest", r0.config_digest[:12], r.config_digest[:12]),
+                           ("shard count", s0.shard.count, s.shard.count)):
+            if a != b:
+                raise ConfigError(f"{folder}: shard {s.shard.name} has {what} {b}, {first} has {a}: "
+                                  "shards of different runs")
+        if s.shard.schedule != s0.shard.schedule or s.targets != s0.targets:
+            raise ConfigError(f"{folder}: shard {s.shard.name}'s schedule or targets differ from {first}'s")
+    seen: dict[int, Path] = {}
+    for folder, (_, s) in zip(folders, loaded, strict=True):
+        if s.shard.index in seen:
+            raise ConfigError(f"{folder} and {seen[s.shard.index]} are both shard {s.shard.name}")
+        seen[s.shard.index] = folder
+    count = s0.shard.count
+    missing = [i for i in range(count) if i not in seen]
+    if missing:
+        names = ", ".join(f"{i}/{count}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ConfigError(f"shard {names} missing: a merge needs all {count} shards ({len(seen)} given)")
+
+
+def _whole(folder: Path, config: Config, s: ShardResults) -> None:
+    """The shard holds the trials the deal gives its index, each run in every mode, and the repeats."""
+    expected = assign(s.shard.schedule, s.targets, config.sampling.max_tokens, config.schedule.repeat_trials,
+                      s.shard.count)[s.shard.index]
+    if list(s.shard.trial_ids) != expected:
+        raise ConfigError(f"{folder}: shard {s.shard.name} ran other trials than its slice of the schedule")
+    for mode, r in s.modes.items():
+        if set(r.trials) != set(expected) or set(r.repeats) != set(s.shard.repeat_ids):
+            raise ConfigError(f"{folder}: shard {s.shard.name} is partial: {len(r.trials)} of {len(expected)} "
+                              f"{mode} trials")
+
+
+def _same_references(folders: Sequence[Path], loaded: Sequence[ShardResults]) -> None:
+    s0 = loaded[0]
+    for folder, s in zip(folders[1:], loaded[1:], strict=True):
+        if set(s.modes) != set(s0.modes):
+            raise ConfigError(f"{folder}: shard {s.shard.name} ran modes {sorted(s.modes)}, {folders[0]} "
+                              f"{sorted(s0.modes)}")
+        for mode, r in s.modes.items():
+            for t, ref in s0.modes[mode].solo.items():
+                other = r.solo.get(t)
+                d = None if other is None else first_divergence(ref, other)
+                if other is None or d is not None:
+                    where = "is missing" if d is None else f"differs at step {d.step} ({d.kind})"
+                    raise ConfigError(f"{folder}: shard {s.shard.name}'s {mode} reference of target "
+                                      f"{s.targets[t].name} {where} from {folders[0]}'s: the shards ran on engines "
+                                      "that disagree; run every shard on one kind of machine and software")
+
+
+def _combine(mode: Mode, loaded: Sequence[ShardResults]) -> ModeResult:
+    """One mode's results as the unsharded run holds them: trials and repeats in schedule order, the
+    references and per-target checks from shard 0."""
+    by_index = sorted(loaded, key=lambda s: s.shard.index)
+    zero = by_index[0].modes[mode]
+    owner = {tid: s.modes[mode] for s in by_index for tid in s.shard.trial_ids}
+    schedule = by_index[0].shard.schedule
+    trials: dict[int, Completion] = {t.trial_id: owner[t.trial_id].trials[t.trial_id] for t in schedule}
+    repeats = {t.trial_id: owner[t.trial_id].repeats[t.trial_id] for t in schedule
+               if t.trial_id in owner[t.trial_id].repeats}
+    timings: dict[str, float] = {}
+    for s in by_index:
+        for k, v in s.modes[mode].timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    return replace(zero, trials=trials, repeats=repeats, seconds=sum(s.modes[mode].seconds for s in by_index),
+                   timings=timings)
+
+
+def unset_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A report's resolved config with the engine fields that hold their default left out, so that they read
+    as not given again (a custom engine refuses a field it takes no argument for only when it was given)."""
+    from oracle.config import EngineConfig
+
+    engine = {k: v for k, v in dict(config.get("engine") or {}).items()
+              if not (k in EngineConfig.model_fields and not EngineConfig.model_fields[k].is_required()
+                      and v == EngineConfig.model_fields[k].get_default(call_default_factory=True))}
+    return {**config, "engine": engine}
+
+
+def _config_of(report: Report, path: Path) -> Config:
+    """The shards' config for judging (secrets stay redacted: the checks read none)."""
+    return parse_config(unset_defaults(dict(report.config)), source=str(path))
+
+
+def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: Sequence[Trial],
+                         observer: Observer, out_dir: Path, trusted: bool) -> ModeResult:
+    """The unsharded run's shrink and localization of its first failing trial, on an invariant engine of our
+    own; `inv` unchanged when no trial failed or neither is enabled."""
+    from oracle.execute import ModeExecution
+    from oracle.plan import plan_run
+    from oracle.replay import report_config
+    from oracle.runner import OpLocalizer, engine_builder
+
+    failing = [t for t in schedule if first_divergence(inv.solo[t.target], inv.trials[t.trial_id]) is not None]
+    config = _config_of(report, path)
+    cfg = config.schedule
+    if not failing or config.checks.invariance.requirement == "off" or not (
+            (cfg.shrink and cfg.max_shrink_runs > 0) or config.checks.invariance.localize != "off"):
+        return inv
+    from oracle.trust import require_trust
+
+    require_trust(path, report.config, trusted)  # the engine re-runs a config read from a file, as replay does
+    config = report_config(report.model_copy(update={"config": unset_defaults(report.config)}), path)
+    if config.digest() != report.config_digest:  # the secrets an engine needs come from the environment
+        raise ConfigError(f"{path}: the config rebuilt from the report has another digest than the shards' "
+                          "(a secret set to another value?)")
+    plan = plan_run(config, report.seed)
+    execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"))
+    execution.solo.update(inv.solo)
+    execution.trials.update(inv.trials)
+    execution.repeats.update(inv.repeats)
+    try:
+        with execution.clock.phase("engine_start"):
+            execution.engine = execution.build("invariant")
+            execution.describe = execution.engine.describe()
+        try:
+            execution.shrink_and_localize()
+        finally:
+            execution.engine.close()
+    finally:
+        done = execution.result()
+        inv = replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
+                      localized={**done.localized, **inv.localized},
+                      localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
+        report.timings.update({f"merge_{k}_s": round(v, 3) for k, v in done.timings.items()})
+    return inv
+
+
+def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None = None,
+          views: Sequence[View] = (), trusted: bool = False) -> Report:
+    """Merge the shard folders into `out_dir/report.json` (and the views' formats); ConfigError (exit 2)
+    for shards that are not the whole of one run, EngineError kept in the report (exit 3) when the
+    shrink or localization engine fails. `trusted`: a config that loads code (a custom engine, preload
+    modules) may start the engine that shrinks (--trust-report)."""
+    t0 = time.perf_counter()
+    observer = observer or Observer()
+    if not folders:
+        raise ConfigError("merge: give the shard folders")
+    resolved = {f.resolve() for f in folders}
+    if out_dir.resolve() in resolved:
+        raise ConfigError(f"--report-dir: {out_dir} is a shard's folder; merge into another one")
+    loaded = [_load(f) for f in folders]
+    _same_run(folders, loaded)
+    r0, s0 = min(loaded, key=lambda x: x[1].shard.index)
+    path0 = folders[[s.shard.index for _, s in loaded].index(s0.shard.index)] / "report.json"
+    config = _config_of(r0, path0)
+    for folder, (_, s) in zip(folders, loaded, strict=True):
+        _whole(folder, config, s)
+    _same_references(folders, [s for _, s in loaded])
+
+    report = Report(oracle_version=r0.oracle_version, seed=r0.seed, config=dict(r0.config),
+                    config_digest=r0.config_digest, environment=dict(r0.environment))
+    shards = sorted(loaded, key=lambda x: x[1].shard.index)
+    report.shard = {"count": s0.shard.count, "shards": [
+        {"index": s.shard.index, "folder": str(f), "trials": len(s.shard.trial_ids),
+         **{k: v for k, v in r.timings.items() if k in ("total_s", "invariant_engine_start_s",
+                                                           "production_engine_start_s")}}
+        for f, (r, s) in sorted(zip(folders, loaded, strict=True), key=lambda x: x[1][1].shard.index)]}
+    results: dict[Mode, ModeResult] = {m: _combine(m, [s for _, s in loaded]) for m in s0.modes}
+    for key in sorted({k for r, _ in shards for k in r.timings if k not in ("total_s", "plan_s", "judge_s",
+                                                                           "write_s")}):
+        report.timings[key] = round(sum(r.timings.get(key, 0.0) for r, _ in shards), 3)
+    report.timings["shards_wall_s"] = max(r.timings.get("total_s", 0.0) for r, _ in shards)
+    report.timings["shards_sum_s"] = round(sum(r.timings.get("total_s", 0.0) for r, _ in shards), 3)
+    try:
+        if "invariant" in results:
+            results["invariant"] = _shrink_and_localize(report, path0, results["invariant"], s0.shard.schedule,
+                                                        observer, out_dir, trusted)
+        report.complete = True
+    except EngineError as e:
+        report.set_error(str(e))
+    except BaseException as e:
+        report.mark_stopped(e)
+        raise
+    finally:
+        plan = Plan(config, Path(str(r0.environment.get("model_dir", ""))), s0.targets, s0.shard.schedule, r0.seed, 0)
+        t_judge = time.perf_counter()
+        finish(plan, results, report)
+        report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
+        report.environment["trials"] = len(s0.shard.schedule)
+        report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
+        report.write(out_dir, timed_views(views, report, t0))
+    return report

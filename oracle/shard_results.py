@@ -1,0 +1,155 @@
+"""A shard's raw results, beside its report.json: what `oracle merge` judges again as one run.
+
+A shard's own verdicts cover its slice only; the run's verdicts need every trial's outputs side by
+side (coverage counts, drift's distribution, the negative control, the first failing trial), so a
+shard writes what its checks read: both modes' frozen results (oracle.execute.ModeResult: token
+ids, logprobs, every kept logits row, row digests, top-2, per-pass evidence), the targets and the
+whole schedule. One file, `shard-results.npz`: logits rows as arrays, everything else as JSON in
+the `meta` entry; read with `allow_pickle=False`, so a results file from another machine can hold
+data only, never code. Floats go through JSON as `repr` (exact) and rows keep their dtype: what is
+read back is bitwise what the shard held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.contract import Completion, Mode, StepEvidence
+from oracle.errors import ConfigError
+from oracle.execute import ModeResult
+from oracle.prompts import Target
+from oracle.schedule import Trial
+from oracle.shard import Shard
+
+RESULTS_FILE = "shard-results.npz"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ShardResults:
+    """One shard's results as `oracle merge` reads them."""
+
+    path: Path
+    shard: Shard
+    seed: int
+    config_digest: str
+    oracle_version: str
+    targets: tuple[Target, ...]
+    modes: dict[Mode, ModeResult]
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, row: Any) -> str | None:
+        if row is None:
+            return None
+        key = f"r{len(self.arrays)}"
+        self.arrays[key] = np.asarray(row)
+        return key
+
+
+def _completion(c: Completion, rows: _Rows) -> dict[str, Any]:
+    return {"request_id": c.request_id, "token_ids": list(c.token_ids), "logprobs": [float(x) for x in c.logprobs],
+            "logits": None if c.logits is None else [rows.add(r) for r in c.logits],
+            "logits_digests": c.logits_digests, "top2": None if c.top2 is None else [list(p) for p in c.top2],
+            "evidence": [asdict(e) for e in c.evidence]}
+
+
+def _key(k: Any) -> list[Any]:
+    return list(k) if isinstance(k, tuple) else [k]
+
+
+def _mode(r: ModeResult, rows: _Rows) -> dict[str, Any]:
+    def op(v: Any) -> Any:
+        return v.to_json() if hasattr(v, "to_json") else v
+
+    return {
+        "engine": dict(r.engine), "solo": [[t, _completion(c, rows)] for t, c in r.solo.items()],
+        "trials": [[t, _completion(c, rows)] for t, c in r.trials.items()],
+        "repeats": [[t, _completion(c, rows)] for t, c in r.repeats.items()],
+        "prefill": [[t, i, _completion(c, rows)] for (t, i), c in r.prefill.items()],
+        "prefix": [[t, _completion(a, rows), _completion(b, rows)] for t, (a, b) in r.prefix.items()],
+        "prefix_note": r.prefix_note, "localized": [[_key(k), op(v)] for k, v in r.localized.items()],
+        "localize_notes": list(r.localize_notes), "seconds": r.seconds, "timings": dict(r.timings),
+    }
+
+
+def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, oracle_version: str,
+                 targets: tuple[Target, ...], results: dict[Mode, ModeResult]) -> Path:
+    """Write `report_dir/shard-results.npz` atomically (a temporary name, then a rename)."""
+    rows = _Rows()
+    meta = {"format": FORMAT, "shard": {**shard.to_json(), "schedule": [t.to_json() for t in shard.schedule]},
+            "seed": seed, "config_digest": config_digest, "oracle_version": oracle_version,
+            "targets": [{"name": t.name, "token_ids": list(t.token_ids)} for t in targets],
+            "modes": {m: _mode(r, rows) for m, r in results.items()}}
+    blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    path = report_dir / RESULTS_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            arrays: dict[str, Any] = {"meta": blob, **rows.arrays}
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _read_completion(d: dict[str, Any], rows: Any) -> Completion:
+    logits = None if d["logits"] is None else [None if k is None else rows[k] for k in d["logits"]]
+    top2 = None if d["top2"] is None else [(float(a), float(b)) for a, b in d["top2"]]
+    return Completion(str(d["request_id"]), [int(x) for x in d["token_ids"]], [float(x) for x in d["logprobs"]],
+                      logits, d["logits_digests"], top2, [StepEvidence(**e) for e in d["evidence"]])
+
+
+def _read_mode(mode: Mode, d: dict[str, Any], rows: Any) -> ModeResult:
+    def c(x: dict[str, Any]) -> Completion:
+        return _read_completion(x, rows)
+
+    localized = {(k[0] if len(k) == 1 else tuple(k)): v for k, v in d["localized"]}
+    return ModeResult(
+        mode, dict(d["engine"]), {int(t): c(x) for t, x in d["solo"]}, {int(t): c(x) for t, x in d["trials"]},
+        {int(t): c(x) for t, x in d["repeats"]}, {(int(t), int(i)): c(x) for t, i, x in d["prefill"]},
+        {int(t): (c(a), c(b)) for t, a, b in d["prefix"]}, str(d["prefix_note"]),
+        localized=localized, localize_notes=tuple(d["localize_notes"]), seconds=float(d["seconds"]),
+        timings=dict(d["timings"]))
+
+
+def load_results(report_dir: Path) -> ShardResults:
+    """Read `report_dir/shard-results.npz`; ConfigError naming the file when it is missing or damaged."""
+    path = report_dir / RESULTS_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing: the shard did not finish, or its folder is not a shard's "
+                          "(oracle run --shard i/N writes it)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            rows = {k: npz[k] for k in npz.files}
+        meta = json.loads(rows.pop("meta").tobytes().decode("utf-8"))
+        if meta.get("format") != FORMAT:
+            raise ConfigError(f"{path}: shard results format {meta.get('format')!r}, this oracle reads {FORMAT}")
+        sh = meta["shard"]
+        schedule = tuple(Trial.from_json(t) for t in sh["schedule"])
+        shard = Shard(int(sh["index"]), int(sh["count"]), int(sh["schedule_size"]), tuple(int(i) for i in sh["trials"]),
+                      frozenset(int(i) for i in sh["repeats"]), schedule)
+        targets = tuple(Target(str(t["name"]), tuple(int(x) for x in t["token_ids"])) for t in meta["targets"])
+        modes: dict[Mode, ModeResult] = {m: _read_mode(m, d, rows) for m, d in meta["modes"].items()}
+        return ShardResults(path, shard, int(meta["seed"]), str(meta["config_digest"]), str(meta["oracle_version"]),
+                            targets, modes)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, IndexError, zipfile.BadZipFile, EOFError) as e:
+        raise ConfigError(f"{path}: damaged or partial shard results ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:160] if str(e) else ''})") from e
