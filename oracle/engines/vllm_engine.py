@@ -16,7 +16,7 @@ Config (`engine.kind: oracle.engines.vllm_engine:VllmEngine`, keyword arguments 
     dtype, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching
     invariance: "oracle_kernels" | "vllm" | "none"   what invariant mode means (see `INVARIANCE`)
     logprobs: top-k logprobs per step when full rows are not asked for (>= 2, for the margin)
-    threads: OMP_NUM_THREADS of the worker; split_kv: VLLM_CPU_ATTN_SPLIT_KV (None: vLLM's default)
+    threads: OMP_NUM_THREADS of the worker; split_kv: VLLM_CPU_ATTN_SPLIT_KV of the invariant worker (None: vLLM's default; production always has it)
     engine_args: extra `vllm.EngineArgs` fields; env: extra environment variables of the worker
 """
 
@@ -148,7 +148,9 @@ class VllmEngine:
             env["VLLM_BATCH_INVARIANT"] = "1"
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        if split_kv is not None:
+        # An invariant-mode setting: production keeps vLLM's default (split-KV attention, splits chosen from
+        # the batch), or it would run the invariant path and could never diverge (negative control vacuous).
+        if split_kv is not None and mode == "invariant":
             env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if split_kv else "0"
         env.update({str(k): str(v) for k, v in extra.items()})
         return env

@@ -147,6 +147,26 @@ def test_oracle_finds_production_drift_and_oracle_kernels_hold(small_qwen3: Path
     assert checks["drift"].divergent > 0
 
 
+def test_shipped_vllm_cpu_config_has_a_passing_negative_control(small_qwen3: Path, tmp_path: Path) -> None:
+    """configs/vllm-cpu.yaml as shipped (seed 1234, 16 trials): production must diverge somewhere, or the run
+    cannot tell a batch-variant engine from an invariant one. It once ran production with the invariant
+    worker's split_kv: false, on oracle_kernels' bits, and reported fidelity 0.0 and no drift."""
+    from oracle.config import load_config
+
+    config = load_config(Path(__file__).parents[2] / "configs" / "vllm-cpu.yaml")
+    config = config.model_copy(update={"model": str(small_qwen3)})
+    report = run(config, report_dir=tmp_path)
+    assert report.error is None
+    checks = {c.name: c for c in report.checks}
+    assert checks["invariance"].verdict == "pass"
+    assert checks["negative_control"].verdict == "pass", checks["negative_control"].message
+    assert checks["drift"].divergent > 0
+    posture = report.environment["posture"]["modes"]
+    assert posture["production"]["env"].get("VLLM_CPU_ATTN_SPLIT_KV") != "0"
+    assert posture["invariant"]["env"]["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
+    assert posture["production"]["device"] == "cpu" and posture["production"]["engine_version"] == "0.32.0"
+
+
 def _simd() -> str:
     """The widest x86 vector extension the CPU reports (Linux), which decides oneDNN's kernels."""
     try:
