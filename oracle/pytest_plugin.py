@@ -78,6 +78,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--oracle-db", metavar="PATH", default=None,
                     help="example database folder: every run replays the failing trials saved there first and "
                          "saves its own (default: none, nothing written)")
+    group.addoption("--oracle-gpu-per-worker", choices=("auto", "off"), default="auto",
+                    help="pytest-xdist: give each worker one of the GPUs CUDA_VISIBLE_DEVICES lets the session see "
+                         "when there are several (auto, the default), or every worker all of them (off)")
 
 
 def _draw() -> int:
@@ -118,6 +121,13 @@ def _report_root(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
+    device = getattr(config, "workerinput", {}).get("oracle_cuda_device")
+    if isinstance(device, str):  # an xdist worker: its one GPU, set before any test imports torch
+        import os
+
+        from oracle.pytest_plugin_gpus import ENV
+
+        os.environ[ENV] = device
     seed, forced, source = _session_seed(config)
     base = config.getoption("oracle_config")
     state = SessionState(
@@ -143,6 +153,16 @@ def pytest_configure_node(node: Any) -> None:
     state = node.config.stash[STATE]
     node.workerinput["oracle_seed"] = state.seed
     node.workerinput["oracle_seed_forced"] = state.seed_forced
+    if node.config.getoption("oracle_gpu_per_worker") == "auto":
+        import os
+
+        from oracle.pytest_plugin_gpus import visible_devices, worker_device
+
+        devices = state.devices if state.devices is not None else visible_devices(os.environ)
+        state.devices = devices  # listed once per session, on the controller
+        device = worker_device(str(node.workerinput.get("workerid", "")), devices)
+        if device is not None:
+            node.workerinput["oracle_cuda_device"] = device
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> OracleFile | None:

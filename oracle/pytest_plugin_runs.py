@@ -156,6 +156,7 @@ class SessionState:
     example_db: Path | None = None  # --oracle-db: failing trials of earlier sessions, replayed first
     runs: list[RunRecord] = field(default_factory=list)
     run_dirs: set[Path] = field(default_factory=set)
+    devices: list[str] | None = None  # pytest-xdist: the GPUs the caller lets the session see (controller)
 
 
 STATE = pytest.StashKey[SessionState]()

@@ -504,3 +504,26 @@ def test_run_step_passes_the_example_database(fake_model: Path, tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert report["example_db"]["path"] == str(db) and report["example_db"]["saved"] > 0 and db.is_dir()
+
+
+# -- shards ----------------------------------------------------------------------------------
+
+SHARDED = ROOT / "examples" / "oracle-sharded.yml"
+
+
+def test_actionlint_accepts_the_sharded_example(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    shutil.copy(SHARDED, root / ".github" / "workflows" / "oracle-sharded.yml")
+    result = _lint(root, ".github/workflows/oracle-sharded.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sharded_example_matrix_matches_its_shard_count() -> None:
+    workflow = yaml.safe_load(SHARDED.read_text())
+    shards = workflow["jobs"]["shard"]["strategy"]["matrix"]["shard"]
+    assert shards == list(range(int(workflow["env"]["SHARDS"]))) and len(shards) <= 256
+    action = load_action()
+    assert {"shard", "merge"} <= set(action["inputs"])
+    used = [s for job in workflow["jobs"].values() for s in job["steps"] if s.get("uses") == "./.github/actions/oracle"]
+    assert [s["with"].get("shard") for s in used][0].endswith("/${{ env.SHARDS }}")
+    assert used[1]["with"]["merge"] == "shards/*" and workflow["jobs"]["merge"]["needs"] == "shard"
