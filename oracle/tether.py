@@ -1,6 +1,7 @@
 """Start a server or worker process that dies with the process that started it, however that one ends.
 
-`popen(argv, ...)` runs `python -m oracle.tether FD -- ARGV...`: a small process that leads a new
+`popen(argv, ...)` runs `python -m oracle.tether FD KEEP -- ARGV...` (KEEP: the caller's `pass_fds`,
+handed on to ARGV): a small process that leads a new
 session, starts ARGV in it and waits. It holds the read end of a pipe whose write end only the
 starter holds; when the starter dies (exit, crash, SIGKILL) the pipe closes and the tether kills
 its whole process group, ARGV and whatever ARGV started. A parent-death signal would fire when the
@@ -28,11 +29,12 @@ def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """`subprocess.Popen(argv, **kwargs)` tethered to this process; always a new session."""
     read_end, write_end = os.pipe()
     kwargs.pop("start_new_session", None)
-    pass_fds = (*kwargs.pop("pass_fds", ()), read_end)
+    theirs = tuple(kwargs.pop("pass_fds", ()))  # handed on to ARGV by the tether
+    keep = ",".join(str(fd) for fd in theirs)
     try:
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            [sys.executable, "-m", "oracle.tether", str(read_end), "--", *argv], pass_fds=pass_fds,
-            start_new_session=True, **kwargs)
+            [sys.executable, "-m", "oracle.tether", str(read_end), keep, "--", *argv],
+            pass_fds=(*theirs, read_end), start_new_session=True, **kwargs)
     except BaseException:
         os.close(write_end)
         raise
@@ -51,7 +53,8 @@ def release(proc: subprocess.Popen[bytes]) -> None:
 
 def _main(argv: list[str]) -> int:
     fd = int(argv[0])
-    command = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+    keep = tuple(int(x) for x in argv[1].split(",") if x)
+    command = argv[3:] if argv[2:3] == ["--"] else argv[2:]
 
     def starter_gone() -> None:
         try:
@@ -61,7 +64,7 @@ def _main(argv: list[str]) -> int:
             pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
-    child = subprocess.Popen(command)
+    child = subprocess.Popen(command, pass_fds=keep)
 
     def forward(signum: int, frame: object) -> None:
         if child.poll() is None:

@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from oracle import tether
 from oracle.contract import MODES, Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
 
@@ -545,8 +546,8 @@ class _Server:
         fd, log_name = tempfile.mkstemp(prefix="oracle-server-", suffix=".log")
         try:
             with os.fdopen(fd, "wb") as log:
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                # Tethered: the server dies with this process however it ends (SIGKILL included).
+                proc = tether.popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(log_name)
@@ -616,7 +617,7 @@ class _Server:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    # The server leads its own session (start_new_session), so its group id is its PID.
+    # The server's tether leads its own session, so the group id is its PID (the server is in the group).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
@@ -625,5 +626,6 @@ def _kill(proc: subprocess.Popen[bytes], log_path: Path) -> None:
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    tether.release(proc)
     with contextlib.suppress(OSError):
         log_path.unlink()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -37,6 +38,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oracle import tether
 from oracle.contract import MODES, Completion, Mode, Request
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
@@ -269,10 +271,11 @@ class _Worker:
         fd, log_name = tempfile.mkstemp(prefix="oracle-vllm-", suffix=".log")
         try:
             with os.fdopen(fd, "wb") as log:
-                proc = subprocess.Popen(
+                # Tethered: the worker (and vLLM's engine-core processes) die with this process.
+                proc = tether.popen(
                     [sys.executable, "-m", "oracle.engines.vllm_worker", str(theirs.fileno())],
                     env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                    pass_fds=(theirs.fileno(),),
                 )
         except OSError as e:
             ours.close()
@@ -376,10 +379,12 @@ class _Worker:
 
 
 def _kill(proc: subprocess.Popen[bytes], conn: Connection) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+    # The whole group: the tether, the worker and the processes vLLM started.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    tether.release(proc)
     conn.close()
 
 

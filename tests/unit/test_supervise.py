@@ -221,3 +221,19 @@ def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path
     fresh = Interrupted(signal.SIGTERM)
     replace_stale_report(tmp_path / "missing.yaml", None, fresh)  # no folder named, none holds a report
     assert not hasattr(fresh, "report_dir")
+
+
+def test_a_tethered_process_gets_the_descriptors_passed_to_it(tmp_path: Path) -> None:
+    """The vLLM worker talks over a socket whose descriptor is passed: the tether hands it on."""
+    from oracle import tether
+
+    read_end, write_end = os.pipe()
+    try:
+        proc = tether.popen([sys.executable, "-c", f"import os; os.write({write_end}, b'ok')"],
+                            pass_fds=(write_end,))
+        assert proc.wait() == 0
+        tether.release(proc)
+        assert os.read(read_end, 2) == b"ok"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
