@@ -120,7 +120,8 @@ def first_divergence(expected: Completion, actual: Completion) -> Divergence | N
             margin = float(expected.top2[i][0] - expected.top2[i][1])
         return Divergence(
             step=i, kind=kind, expected_token=et, actual_token=at, expected_logprob=el, actual_logprob=al,
-            ulp=ulp_distance(el, al) if math.isfinite(el) and math.isfinite(al) else None,
+            # A ULP distance means something only between two logprobs of the same token.
+            ulp=ulp_distance(el, al) if et == at and math.isfinite(el) and math.isfinite(al) else None,
             max_abs_logits_diff=max_abs, reference_margin=margin,
             first_token_step=first_token,
         )

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from oracle.render.findings import ulp_text
 from oracle.report import CheckResult, DivergenceRecord, Report
 from oracle.trust import replay_command
 
@@ -33,7 +34,7 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
         f"first divergence: check {d.check} ({d.mode} mode), target {d.target}, trial {d.trial_id}, "
         f"request {d.request_id}",
         f"  step {d.step} ({d.kind}): expected token {d.expected_token}, actual token {d.actual_token}",
-        f"  logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP distance {d.ulp}",
+        f"  logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP distance {ulp_text(d) or None}",
         f"  top-2 margin {_fmt(d.reference_margin)}{near}, max |logit diff| {_fmt(d.max_abs_logits_diff)}",
     ]
     if "num_seqs" in d.evidence:

@@ -317,10 +317,15 @@ class OracleSession:
                checks: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
         if model is not None:
             data["model"] = str(model)
-        if isinstance(engine, str):
-            data["engine"] = {**data.get("engine", {}), "kind": engine}
-        elif engine is not None:
-            _merge(data.setdefault("engine", {}), engine)
+        if engine is not None:
+            kind = engine if isinstance(engine, str) else engine.get("kind")
+            base = data.get("engine", {})
+            if isinstance(kind, str) and ":" in kind and kind != base.get("kind", "native"):
+                # The base's engine fields and options were written for its own kind; a custom engine is
+                # given the fields its constructor names (oracle.engines.custom_engine_kwargs), at their defaults.
+                base = {k: v for k, v in base.items() if k in ("preload", "timeout_s")}
+            data["engine"] = dict(base)
+            _merge(data["engine"], {"kind": engine} if isinstance(engine, str) else engine)
         if prompts is not None:
             data["prompts"] = prompts_section(prompts, run_dir)
         for name, value in (checks or {}).items():

@@ -23,7 +23,8 @@ from rich.table import Table
 from oracle.observer import Observer
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
-from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first
+from oracle.render.timings import timing_line
+from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first, ulp_text
 from oracle.render.verdict import headline, shown_verdict, style
 from oracle.report import Report
 
@@ -140,6 +141,9 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
     console.print(f"report: {terminal_text(report_path)}   time: {tm.get('total_s', 0):.1f}s "
                   f"(invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s)"
                   f"   exit {report.exit_code()}")
+    spent = timing_line(report.timings)
+    if spent:
+        console.print(terminal_text(spent), style="dim")
 
 
 def replay_of(report: Report, report_path: str) -> Callable[[int], str]:
@@ -167,7 +171,7 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
     for d in shown:
         trial = "" if d.trial_id is None else str(d.trial_id)
         cells = [terminal_text(d.target), trial + ("*" if is_minimal(d) else ""), str(d.step), d.kind,
-                 f"{d.expected_token}->{d.actual_token}", _fmt(d.ulp), _fmt(d.max_abs_logits_diff)]
+                 f"{d.expected_token}->{d.actual_token}", ulp_text(d), _fmt(d.max_abs_logits_diff)]
         if not narrow:
             cells += [_fmt(d.reference_margin), terminal_text(d.evidence.get("num_seqs", ""))]
         t.add_row(*cells, style="bold" if is_minimal(d) else None)

@@ -92,6 +92,17 @@ def coverage(report: Any) -> dict[str, int]:
     return {str(k): v for k, v in cov.items()}
 
 
+TOKEN_CHANGED = "token changed"
+
+
+def ulp_text(d: Any) -> str:
+    """A divergence's ULP distance as views show it: only between logprobs of the same token; a changed
+    token says so (an older report may still hold a ULP computed across two tokens: not shown)."""
+    if d.kind == "token":
+        return TOKEN_CHANGED
+    return "" if d.ulp is None else str(d.ulp)
+
+
 def minimal_first(divergences: list[Any]) -> list[Any]:
     """Divergences with the shrunk minimal trial first, so it is never among the rows cut."""
     return sorted(divergences, key=lambda d: not (getattr(d, "evidence", None) or {}).get("shrunk"))

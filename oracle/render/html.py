@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from oracle.render.escape import terminal_text
-from oracle.render.findings import coverage, golden_lines, is_minimal, localized_cells, minimal_first
+from oracle.render.findings import (
+    coverage,
+    golden_lines,
+    is_minimal,
+    localized_cells,
+    minimal_first,
+    ulp_text,
+)
 from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
 
@@ -136,7 +143,7 @@ def step_histogram(divs: list[Any]) -> list[Bar]:
 def ulp_histogram(divs: list[Any]) -> list[Bar]:
     """log2 buckets of the ULP distance from the smallest to the largest seen, empty ones included;
     bucket `0` holds divergences with equal logprobs (the logits or tokens differ)."""
-    ulps = [d.ulp for d in divs if d.ulp is not None]
+    ulps = [d.ulp for d in divs if d.ulp is not None and d.kind != "token"]  # same-token logprobs only
     if not ulps:
         return []
     buckets: Counter[int] = Counter(-1 if u == 0 else int(math.log2(u)) for u in ulps)
@@ -192,7 +199,7 @@ def render_html(report: Report) -> str:
     div_rows = "".join(
         f"<tr{_MINIMAL if is_minimal(d) else ''}><td>{e(d.check)}</td><td>{e(d.target)}</td>"
         f"<td>{'' if d.trial_id is None else e(d.trial_id)}{' (minimal, shrunk)' if is_minimal(d) else ''}</td>"
-        f"<td>{d.step}</td><td>{e(d.kind)}</td><td>{e(d.expected_token)} → {e(d.actual_token)}</td><td>{e(d.ulp)}</td>"
+        f"<td>{d.step}</td><td>{e(d.kind)}</td><td>{e(d.expected_token)} → {e(d.actual_token)}</td><td>{e(ulp_text(d))}</td>"
         f"<td>{'' if d.max_abs_logits_diff is None else f'{d.max_abs_logits_diff:.3g}'}</td>"
         f"<td>{'' if d.reference_margin is None else f'{d.reference_margin:.3g}'}</td>"
         f"<td>{e(d.evidence.get('num_seqs', ''))}</td>{loc(d)}</tr>" for d in divs[:200])

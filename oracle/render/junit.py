@@ -15,7 +15,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from oracle.render.escape import xml_text
-from oracle.render.findings import golden_lines, is_minimal, localized_line
+from oracle.render.findings import golden_lines, is_minimal, localized_line, ulp_text
 from oracle.render.verdict import shown_verdict
 from oracle.report import Report
 
@@ -24,7 +24,7 @@ _MAX_LISTED = 20
 
 def _describe(d: Any) -> str:
     text = (f"trial {d.trial_id} step {d.step} {d.kind}: token {d.expected_token} -> {d.actual_token}, "
-            f"logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ulp {d.ulp}, margin {d.reference_margin}")
+            f"logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ulp {ulp_text(d) or None}, margin {d.reference_margin}")
     if is_minimal(d):
         text += " [minimal trial, shrunk]"
     where = localized_line(d)

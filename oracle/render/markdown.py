@@ -10,7 +10,8 @@ from typing import Any
 
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import markdown_text, terminal_text
-from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first
+from oracle.render.timings import timing_line
+from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first, ulp_text
 from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
 
@@ -45,6 +46,9 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
                      f"{c.divergent} | {markdown_text(c.message)} |")
     if report.error:
         lines += ["", f"**engine error:** {markdown_text(report.error)}"]
+    spent = timing_line(report.timings)
+    if spent:
+        lines += ["", markdown_text(spent)]
     posture = summary_line(env)
     if posture:
         lines += ["", markdown_text(posture)]
@@ -67,7 +71,7 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
             trial = "" if d.trial_id is None else str(d.trial_id)
             trial = f"**{trial} (minimal, shrunk)**" if is_minimal(d) else trial
             row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {markdown_text(d.kind)} | {d.expected_token} → "
-                   f"{d.actual_token} | {d.ulp} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
+                   f"{d.actual_token} | {ulp_text(d)} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
                    f"{markdown_text(d.evidence.get('num_seqs', ''))} |")
             if localized:
                 where = localized_line(d) or ""
