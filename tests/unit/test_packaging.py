@@ -99,8 +99,11 @@ def test_project_metadata_builds_cleanly() -> None:
     data = _pyproject()
     assert isinstance(data["project"]["license"], str)  # an SPDX expression, not the deprecated table
     assert any(r.startswith("setuptools>=77") for r in data["build-system"]["requires"])
-    test_extra = " ".join(data["project"]["optional-dependencies"]["test"])
-    assert "build" in test_extra and "twine" in test_extra
+    extras = data["project"]["optional-dependencies"]
+    dev_extra, test_extra = " ".join(extras["dev"]), " ".join(extras["test"])
+    for tool in ("build", "twine", "ruff", "mypy", "actionlint"):  # CI's tools, out of the test extra
+        assert tool in dev_extra and tool not in test_extra, tool
+    assert "pytest" in test_extra and "jsonschema" in test_extra
     assert "version" in data["project"]["dynamic"]
     assert data["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "oracle.__version__"}
 
