@@ -296,10 +296,25 @@ class InvarianceConfig(CheckConfig):
         "every failing trial, or none")
 
 
+# Fidelity's tolerances where the config gives none, by engine.dtype: invariant and production kernels
+# round differently, by about the dtype's epsilon (2^-23 float32, 2^-10 float16, 2^-7 bfloat16) per op,
+# compounded over the layers. bfloat16's were set from a healthy vLLM run on an H200 (max |dlogprob| 0.097).
+FIDELITY_DEFAULTS: dict[str, dict[str, float]] = {
+    "float32": {"max_logprob_diff": 1e-3, "max_kl": 1e-3, "near_tie": 1e-2},
+    "float16": {"max_logprob_diff": 0.05, "max_kl": 0.01, "near_tie": 0.05},
+    "bfloat16": {"max_logprob_diff": 0.25, "max_kl": 0.05, "near_tie": 0.25},
+}
+
+
 class FidelityConfig(CheckConfig):
-    max_logprob_diff: float = Field(1e-3, gt=0, description="max |logprob(invariant) - logprob(production)|, solo")
-    max_kl: float = Field(1e-3, gt=0, description="max KL(production || invariant) per step, from full logits rows")
-    near_tie: float = Field(1e-2, ge=0, description="a token flip is allowed where the top-1/top-2 logit margin is below this")
+    max_logprob_diff: float = Field(1e-3, gt=0, description="max |logprob(invariant) - logprob(production)|, solo "
+                                                            "(default by engine.dtype: float32 1e-3, float16 0.05, "
+                                                            "bfloat16 0.25)")
+    max_kl: float = Field(1e-3, gt=0, description="max KL(production || invariant) per step, from full logits rows "
+                                                  "(default by engine.dtype: float32 1e-3, float16 0.01, bfloat16 0.05)")
+    near_tie: float = Field(1e-2, ge=0, description="a token flip is allowed where the top-1/top-2 logit margin is "
+                                                    "below this (default by engine.dtype: float32 0.01, float16 0.05, "
+                                                    "bfloat16 0.25)")
 
 
 class DriftConfig(CheckConfig):
@@ -358,6 +373,28 @@ class Config(_Strict):
     # Where the config came from (file name and text), for errors found after loading: `error()`.
     _source: str = PrivateAttr("<config>")
     _text: str | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fidelity_by_dtype(cls, data: Any) -> Any:
+        """Fidelity's tolerances the config leaves out take engine.dtype's defaults (FIDELITY_DEFAULTS)."""
+        if not isinstance(data, dict):
+            return data
+        engine, checks = data.get("engine"), data.get("checks")
+        dtype = engine.get("dtype") if isinstance(engine, dict) else getattr(engine, "dtype", None)
+        defaults = FIDELITY_DEFAULTS.get(dtype) if isinstance(dtype, str) and dtype != "float32" else None
+        if defaults is None or (checks is not None and not isinstance(checks, dict)):
+            return data
+        fidelity = (checks or {}).get("fidelity")
+        if isinstance(fidelity, bool):
+            fidelity = {"requirement": "required" if fidelity else "off"}
+        elif isinstance(fidelity, str):
+            fidelity = {"requirement": fidelity}
+        elif fidelity is None:
+            fidelity = {}
+        if not isinstance(fidelity, dict):
+            return data  # a FidelityConfig already, or a wrong type that validation names
+        return {**data, "checks": {**(checks or {}), "fidelity": {**defaults, **fidelity}}}
 
     def error(self, loc: tuple[str | int, ...], message: str) -> ConfigError:
         """A ConfigError `file:line: field: message` for a problem found after validation."""
