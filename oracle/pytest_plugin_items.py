@@ -60,14 +60,40 @@ class OracleFile(pytest.File):
         """Run the config the first time an item asks; later items get the same Report."""
         if self._outcome is None:
             session = OracleSession(self.config.stash[STATE])
-            label = self.nodeid
             try:
-                self._outcome = session.run_config(self.oracle_config, label, str(self.path), warn=False)
+                self._outcome = self._run_once(session)
             except OracleError as e:
                 self._outcome = e
+            except Exception as e:  # cached too: the next item of this file must not run the config again
+                self._outcome = OracleError(f"{type(e).__name__}: {e}")
+            except SystemExit as e:  # an engine's sys.exit / os._exit: an engine error, once
+                self._outcome = OracleError(f"the run stopped: {e} was called")
         if isinstance(self._outcome, OracleError):
             raise OracleCheckFailure(f"oracle: {self._outcome}")
         return self._outcome
+
+    def _run_once(self, session: OracleSession) -> tuple[Report, Path]:
+        """Run the config, once per session: under pytest-xdist the file's items can go to several
+        workers; the first to ask runs it (holding a lock beside its report folder), the others read
+        the report it wrote in this session (`testrunuid`, the same on every worker)."""
+        import fcntl
+
+        from oracle.report import load_report
+
+        label = self.nodeid
+        run_dir = session.run_dir_for(label)
+        run_id = getattr(self.config, "workerinput", {}).get("testrunuid")
+        if run_id is None:
+            return session.run_config(self.oracle_config, label, str(self.path), run_dir=run_dir, warn=False)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(run_dir.parent / f".{run_dir.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            marker = run_dir.parent / f".{run_dir.name}.run"
+            if marker.is_file() and marker.read_text() == str(run_id):
+                return load_report(run_dir / "report.json"), run_dir / "report.json"
+            outcome = session.run_config(self.oracle_config, label, str(self.path), run_dir=run_dir, warn=False)
+            marker.write_text(str(run_id))
+            return outcome
 
 
 class OracleCheckItem(pytest.Item):

@@ -358,6 +358,10 @@ class OracleSession:
         cur = self._state.current
         return cur.item.path.parent if cur is not None else Path.cwd()
 
+    def run_dir_for(self, label: str) -> Path:
+        """The report folder of the run labelled `label` (a collected config file's node id)."""
+        return self._run_dir(label)
+
     def _run_dir(self, label: str | None = None) -> Path:
         """A report folder of its own for each run: ROOT/<test id>[-N]."""
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", label or self._label()).strip("-.") or "run"
