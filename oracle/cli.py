@@ -116,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
     b.add_argument("what", nargs="?", default=None,
-                   help="'kernels', or a config file to time in both modes (omit with --workload)")
+                   help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), or a config file "
+                        "to time in both modes (omit with --workload)")
     b.add_argument("--workload", default=None, help="a named native-engine workload instead of a config: 'seed'")
     b.add_argument("--warmup", type=int, default=1, help="untimed rounds per mode (default 1)")
     b.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
@@ -127,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
+    b.add_argument("--trials", type=_int_at_least(1), default=None, help="memory: trials to run (default 1000)")
 
     m = sub.add_parser("model", help="make checkpoints")
     msub = m.add_subparsers(dest="model_command", required=True)
@@ -280,6 +282,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("bench: give 'kernels', a config file, or --workload NAME")
     if args.what == "kernels":
         return bench_kernels(args.dtype, args.json, quick=args.quick)
+    if args.what == "memory":
+        from oracle.bench import bench_memory
+
+        return bench_memory(args.json, trials=args.trials if args.trials is not None else 1000,
+                            device=args.device or "cpu")
     return bench_config(args.what, args.json, warmup=args.warmup, rounds=args.rounds)
 
 
