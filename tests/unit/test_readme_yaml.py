@@ -21,14 +21,30 @@ def _is_workflow(data: Any) -> bool:
     return isinstance(data, dict) and "jobs" in data
 
 
+def _is_kubernetes(data: Any) -> bool:
+    """A Kubernetes manifest (an Indexed Job running oracle), not an oracle config."""
+    return isinstance(data, dict) and "spec" in data and "model" not in data
+
+
+def _is_config(data: Any) -> bool:
+    return not (_is_workflow(data) or _is_kubernetes(data))
+
+
 def _configs() -> list[Any]:
     return [pytest.param(i, text, id=f"block{i}") for i, text in enumerate(BLOCKS)
-            if not _is_workflow(yaml.safe_load(text))]
+            if _is_config(yaml.safe_load(text))]
 
 
 def test_the_readme_has_yaml_blocks() -> None:
     assert len(BLOCKS) >= 4
     assert sum(_is_workflow(yaml.safe_load(b)) for b in BLOCKS) == 1
+
+
+def test_readme_kubernetes_commands_name_shipped_configs() -> None:
+    for text in BLOCKS:
+        if _is_kubernetes(yaml.safe_load(text)):
+            for path in re.findall(r"oracle run (\S+\.yaml)", text):
+                assert (ROOT / path).is_file(), path
 
 
 @pytest.mark.parametrize(("index", "text"), _configs())
@@ -58,7 +74,7 @@ def _native() -> list[Any]:
     found = []
     for i, text in enumerate(BLOCKS):
         data = yaml.safe_load(text)
-        if not _is_workflow(data) and data.get("engine", {}).get("kind", "native") == "native":
+        if _is_config(data) and data.get("engine", {}).get("kind", "native") == "native":
             found.append(pytest.param(i, text, id=f"block{i}"))
     return found
 
