@@ -90,12 +90,18 @@ class VllmOptions(_Strict):
 class ModeURLs(_Strict):
     """One pre-started server per mode: the invariant-mode server and the production-mode server."""
 
-    invariant: str = Field(description="URL of the server started in invariant mode (e.g. VLLM_BATCH_INVARIANT=1)")
-    production: str = Field(description="URL of the server started with default kernels")
+    invariant: str | list[str] = Field(
+        description="URL of the server started in invariant mode (e.g. VLLM_BATCH_INVARIANT=1); a list of URLs: "
+                    "separately started servers of the mode, the first for the run, the second for cross_instance")
+    production: str | list[str] = Field(description="URL of the server started with default kernels (or a list)")
 
     @field_validator("invariant", "production")
     @classmethod
-    def _http(cls, v: str) -> str:
+    def _http(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("the list of URLs is empty")
+            return [_http_url(u) for u in v]
         return _http_url(v)
 
 
@@ -336,6 +342,42 @@ class PrefixCacheConfig(CheckConfig):
     requirement: Requirement = "warn"
 
 
+class SamplingVariant(_Strict):
+    """One way of sampling the seeded_sampling check runs (temperature > 0, optional top-p / top-k)."""
+
+    temperature: float = Field(1.0, gt=0, description="temperature (> 0: sampled, not greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus: keep the smallest set of tokens reaching this mass")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)")
+
+
+def _default_variants() -> list[SamplingVariant]:
+    return [SamplingVariant(), SamplingVariant(top_p=0.9), SamplingVariant(top_k=8)]  # type: ignore[call-arg]
+
+
+class SeededSamplingConfig(CheckConfig):
+    """Seeded sampling (invariant mode): each request's seed alone decides its tokens and logprob bits.
+
+    A request gets the same outputs alone and in a batch, and requests with different seeds in one
+    batch do not share their noise."""
+
+    requirement: Requirement = "warn"
+    targets: int = Field(2, ge=1, le=MAX_TRIALS, description="targets sampled (the first N), two seeds each")
+    variants: list[SamplingVariant] = Field(
+        default_factory=_default_variants, min_length=1,
+        description="sampling settings checked: temperature, top_p, top_k (default: T=1; top_p 0.9; top_k 8)")
+
+
+class CrossInstanceConfig(CheckConfig):
+    """Two separately started engine instances of one mode give bitwise the same outputs on the same trials.
+
+    Off by default: it starts the mode's engine (or server) a second time."""
+
+    requirement: Requirement = "off"
+    mode: Literal["invariant", "production"] = Field("invariant", description="the mode started twice")
+    trials: int = Field(4, ge=0, le=MAX_TRIALS,
+                        description="schedule trials run again on the second instance (besides every reference)")
+
+
 class GoldenConfig(CheckConfig):
     requirement: Requirement = "off"
     file: str | None = Field(None, description="golden file written by `oracle record`")
@@ -356,6 +398,8 @@ class ChecksConfig(_Strict):
     prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)  # type: ignore[arg-type]
     prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)  # type: ignore[arg-type]
     golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
+    seeded_sampling: SeededSamplingConfig = Field(default_factory=SeededSamplingConfig)  # type: ignore[arg-type]
+    cross_instance: CrossInstanceConfig = Field(default_factory=CrossInstanceConfig)  # type: ignore[arg-type]
 
 
 class Config(_Strict):

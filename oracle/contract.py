@@ -21,12 +21,15 @@ MODES: tuple[Mode, ...] = ("production", "invariant")
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Greedy when temperature == 0; otherwise seeded sampling (the seed is per request)."""
+    """Greedy when temperature == 0; otherwise seeded sampling (the seed is per request: its noise must not
+    depend on the batch, nor be shared with another request). `top_k` 0 and `top_p` 1.0 keep every token."""
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int = 0
     logits: Literal["full", "digest", "none"] = "digest"
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 @dataclass(frozen=True)

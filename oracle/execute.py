@@ -13,6 +13,7 @@ shrinker runs is a trial of this run (origin `shrink`) and lands in the report w
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,14 +23,38 @@ from typing import Any, Protocol
 import numpy as np
 
 from oracle.compare import Divergence, first_divergence, row_digest, step_of
-from oracle.contract import Completion, Engine, Mode, Request, RunSpec, output_problem
-from oracle.errors import EngineError, OracleError
+from oracle.contract import Completion, Engine, Mode, Request, RunSpec, SamplingParams, output_problem
+from oracle.errors import ConfigError, EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
 from oracle.timings import PhaseClock
+
+
+@dataclass(frozen=True)
+class SampledRound:
+    """One sampling variant of the seeded_sampling check: each request (a target under its own seed, two
+    seeds per target) run alone and in every batch layout. `batches[b][j]` is request j's completion in
+    layout b (all requests together, in order, then in reverse order)."""
+
+    variant: int
+    targets: tuple[int, ...]  # per request: the target it samples
+    seeds: tuple[int, ...]  # per request: its seed (all distinct)
+    solo: tuple[Completion, ...]
+    batches: tuple[tuple[Completion, ...], ...]
+
+
+@dataclass(frozen=True)
+class InstanceRun:
+    """What a second, separately started engine of the same mode gave (cross_instance): every reference
+    and the first trials of the schedule, with its self-description."""
+
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    solo: Mapping[int, Completion] = field(default_factory=dict)
+    trials: Mapping[int, Completion] = field(default_factory=dict)
+    note: str = ""  # why it could not run, or why it is not a second instance
 
 
 @dataclass(frozen=True)
@@ -53,6 +78,9 @@ class ModeResult:
     search: SearchOutcome | None = None  # the guided search (schedule.search), invariant mode
     search_trials: tuple[Trial, ...] = ()  # its trials (ids after the schedule's and the replayed ones)
     timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds (oracle.timings)
+    sampled: tuple[SampledRound, ...] = ()  # the seeded_sampling check's runs (invariant mode)
+    sampling_note: str = ""  # why it did not run
+    instance: InstanceRun | None = None  # the cross_instance check's second engine (its mode only)
 
 
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
@@ -125,8 +153,13 @@ class ModeExecution:
     """Runs one mode; what completed is kept, so an engine failure or a signal still leaves results."""
 
     def __init__(self, plan: Plan, mode: Mode, observer: Observer, build: Callable[[Mode], Engine],
-                 localizer: Localizer | None = None) -> None:
+                 localizer: Localizer | None = None, build_second: Callable[[Mode], Engine] | None = None) -> None:
         self.plan, self.mode, self.observer, self.build, self.localizer = plan, mode, observer, build, localizer
+        # The cross_instance check's second engine of this mode (the same builder when not given).
+        self.build_second = build_second or build
+        self.sampled: list[SampledRound] = []
+        self.sampling_note = ""
+        self.instance: InstanceRun | None = None
         self.engine: Engine | None = None
         self.describe: dict[str, Any] = {}
         self.solo: dict[int, Completion] = {}
@@ -152,6 +185,7 @@ class ModeExecution:
             ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
             search=self.search, search_trials=tuple(self.search_trials), timings=ro(dict(self.clock.seconds)),
+            sampled=tuple(self.sampled), sampling_note=self.sampling_note, instance=self.instance,
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -238,6 +272,8 @@ class ModeExecution:
                     self._prefill_decode(checks.prefill_decode.steps)
                 if invariant and checks.prefix_cache.requirement != "off" and per_target:
                     self._prefix_cache()
+                if invariant and checks.seeded_sampling.requirement != "off" and per_target:
+                    self._seeded_sampling()
         finally:
             # Again at the end: what an engine learns while running (which products took which path).
             with contextlib.suppress(Exception):  # an engine that died keeps its first description
@@ -246,6 +282,9 @@ class ModeExecution:
                 self.engine.close()
             self.seconds = time.perf_counter() - t0
             self.observer.done()
+        if checks.cross_instance.requirement != "off" and checks.cross_instance.mode == self.mode and per_target:
+            with clock("second_instance"):
+                self._second_instance()
 
     def _failing(self) -> list[Trial]:
         """Failing trials in the order they ran: replayed from the example database, schedule, search."""
@@ -359,6 +398,58 @@ class ModeExecution:
         for t in bad[:1]:
             req = solo_request(self.plan, t, "prefix")
             self._localize(("prefix", t), RunSpec((req,), 0), RunSpec((req,), 0, warm_with=(req,)))
+
+    def _seeded_sampling(self) -> None:
+        """Per sampling variant: the first targets under two distinct seeds each, every request alone, then all
+        together in order and in reverse order. Seeds are drawn from the run's seed."""
+        assert self.engine is not None
+        plan = self.plan
+        cfg = plan.config.checks.seeded_sampling
+        rng = random.Random(f"seeded_sampling/{plan.seed}")
+        targets = tuple(t for t in range(min(cfg.targets, len(plan.targets))) for _ in (0, 1))
+        for v, var in enumerate(cfg.variants):
+            seeds: list[int] = []
+            while len(seeds) < len(targets):
+                seed = rng.randrange(2**31)
+                if seed not in seeds:
+                    seeds.append(seed)
+            reqs = [Request(f"sampled-v{v}-{j}-{plan.targets[t].name}", plan.targets[t].token_ids,
+                            SamplingParams(plan.config.sampling.max_tokens, var.temperature, seed,
+                                           plan.config.sampling.logits, var.top_p, var.top_k))
+                    for j, (t, seed) in enumerate(zip(targets, seeds, strict=True))]
+            try:
+                solo = [fresh(self.engine, [r])[0] for r in reqs]
+            except ConfigError as e:  # an engine that only decodes greedily says so
+                self.sampling_note = f"the {self.describe.get('engine', 'engine')} engine does not sample: {e}"
+                return
+            forward = fresh(self.engine, reqs)
+            backward = fresh(self.engine, reqs[::-1])[::-1]
+            self.sampled.append(SampledRound(
+                v, targets, tuple(seeds), tuple(keep_rows(c) for c in solo),
+                (tuple(keep_rows(c) for c in forward), tuple(keep_rows(c) for c in backward))))
+
+    def _second_instance(self) -> None:
+        """Start the mode's engine again, separately, and run every reference and the first trials on it."""
+        plan = self.plan
+        n = min(plan.config.checks.cross_instance.trials, len(plan.trials))
+        self.observer.phase(f"{self.mode} (second instance)", len(plan.targets) + n)
+        engine = self.build_second(self.mode)
+        solo: dict[int, Completion] = {}
+        trials: dict[int, Completion] = {}
+        describe: dict[str, Any] = {}
+        try:
+            describe = engine.describe()
+            for i in range(len(plan.targets)):
+                solo[i] = keep_rows(fresh(engine, [solo_request(plan, i)])[0])
+                self.observer.advance(0)
+            for trial in plan.trials[:n]:
+                requests, at = trial_requests(plan, trial)
+                trials[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
+                self.observer.advance(0)
+        finally:
+            self.instance = InstanceRun(describe, MappingProxyType(solo), MappingProxyType(trials))
+            engine.close()
+            self.observer.done()
 
     def _prefill_decode(self, steps: int) -> None:
         assert self.engine is not None

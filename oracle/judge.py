@@ -399,6 +399,99 @@ def golden(runs: Runs, requirement: str) -> Judged:
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
 
 
+def seeded_sampling(runs: Runs, requirement: str) -> Judged:
+    """Seeded sampling (temperature > 0, top-p / top-k): each request under its own seed, in every batch
+    layout, == the same request alone, bitwise (tokens, logprob bits, logits rows or digests). Two requests
+    of one prompt whose seeds gave different tokens alone must not come out identical together: that is a
+    seed shared by the batch (vLLM #50440), reported as `shared noise`."""
+    inv = runs.inv
+    assert inv is not None
+    variants = runs.config.checks.seeded_sampling.variants
+    recs: list[DivergenceRecord] = []
+    compared = sensitive = shared = 0
+    for rnd in inv.sampled:
+        var = variants[rnd.variant].model_dump() if rnd.variant < len(variants) else {}
+        for j, t in enumerate(rnd.targets):
+            for b, batch in enumerate(rnd.batches):
+                compared += 1
+                d = first_divergence(rnd.solo[j], batch[j])
+                if d is not None:
+                    recs.append(record(runs, "seeded_sampling", "invariant", None, t, batch[j], d, "sampling",
+                                       seed=rnd.seeds[j], sampling=var, layout=_LAYOUTS[b],
+                                       batch=len(rnd.targets)))
+        for j in range(len(rnd.targets)):
+            for k in range(j + 1, len(rnd.targets)):
+                if rnd.targets[j] != rnd.targets[k] or rnd.solo[j].token_ids == rnd.solo[k].token_ids:
+                    continue
+                sensitive += 1
+                shared += any(batch[j].token_ids == batch[k].token_ids for batch in rnd.batches)
+    ev = {"variants": [v.model_dump() for v in variants], "requests_compared": compared,
+          "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
+          "seeds": [list(r.seeds) for r in inv.sampled]}
+    if not inv.sampled:
+        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message=inv.sampling_note or "nothing was sampled"))
+    if recs or shared:
+        parts = [f"{len(recs)} of {compared} sampled requests differ between alone and in a batch"]
+        if shared:
+            parts.append(f"{shared} pairs of requests with different seeds got the same tokens in one batch: "
+                         "the batch shares one seed's noise")
+        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="fail", trials=compared,
+                                  divergent=len(recs) or shared, evidence=ev, message="; ".join(parts)),
+                      tuple(recs))
+    if sensitive == 0:
+        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous",
+                                  trials=compared, evidence=ev,
+                                  message="every seed gave the same tokens, so shared noise cannot be told apart "
+                                          "(raise the variants' temperature or sampling.max_tokens)"))
+    return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="pass", trials=compared,
+                              evidence=ev, message=f"{compared} sampled requests bitwise equal alone and in a "
+                                                   f"batch; {sensitive} seed pairs kept their own noise"))
+
+
+_LAYOUTS = ("in order", "reversed")
+
+
+def cross_instance(runs: Runs, requirement: str) -> Judged:
+    """A second, separately started engine of the mode: every reference and the trials it ran == the first
+    instance's, bitwise."""
+    mode = runs.config.checks.cross_instance.mode
+    first = runs.mode(mode)
+    name = "cross_instance"
+    if first is None or first.instance is None:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous",
+                                  message=f"no second {mode} instance ran"))
+    second = first.instance
+    ev: dict[str, Any] = {"mode": mode, "references": len(second.solo), "trials": len(second.trials)}
+    same = [k for k in ("base_url",) if k in first.engine and first.engine.get(k) == second.engine.get(k)]
+    if same:
+        ev["same_server"] = first.engine["base_url"]
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message=f"both instances are the server at {first.engine['base_url']}; give the "
+                                          f"mode a list of URLs (engine.options.base_url.{mode}: [URL, URL]) or "
+                                          "a command that starts one"))
+    recs: list[DivergenceRecord] = []
+    pairs: list[tuple[Trial | None, int, Completion, Completion]] = [
+        (None, t, first.solo[t], c) for t, c in second.solo.items() if t in first.solo]
+    pairs += [(runs.trials[i], runs.trials[i].target, first.trials[i], c) for i, c in second.trials.items()
+              if i in first.trials and i in runs.trials]
+    for trial, t, a, b in pairs:
+        d = first_divergence(a, b)
+        if d is not None:
+            recs.append(record(runs, name, mode, trial, t, b, d, "instance",
+                               reference=trial is None))
+    n = len(pairs)
+    if n == 0:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+                                  message=second.note or "the second instance completed nothing"))
+    if recs:
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="fail", trials=n, divergent=len(recs),
+                                  evidence=ev, message=f"{len(recs)} of {n} runs differ between two {mode} "
+                                                       "instances"), tuple(recs))
+    return Judged(CheckResult(name=name, requirement=requirement, verdict="pass", trials=n, evidence=ev,
+                              message=f"{n} runs bitwise equal on two separately started {mode} instances"))
+
+
 CheckFn = Callable[[Runs, str], Judged]
 INV: tuple[Mode, ...] = ("invariant",)
 PROD: tuple[Mode, ...] = ("production",)
@@ -413,6 +506,8 @@ CHECKS: dict[str, tuple[CheckFn, tuple[Mode, ...], tuple[Mode, ...]]] = {
     "prefill_decode": (prefill_decode, INV, INV),
     "prefix_cache": (prefix_cache, INV, INV),
     "golden": (golden, INV, INV),
+    "seeded_sampling": (seeded_sampling, INV, INV),
+    "cross_instance": (cross_instance, (), ()),  # reads checks.cross_instance.mode (modes_read)
 }
 
 
@@ -420,6 +515,8 @@ def modes_read(config: Config) -> list[Mode]:
     """The modes the enabled checks read, in the order they run: a run executes only these."""
     read = {m for name, (_, _, reads) in CHECKS.items()
             if getattr(config.checks, name).requirement != "off" for m in reads}
+    if config.checks.cross_instance.requirement != "off":
+        read.add(config.checks.cross_instance.mode)
     return [m for m in BOTH if m in read]
 
 

@@ -137,7 +137,8 @@ def trial_requests(plan: Plan, trial: Trial) -> tuple[list[Request], int]:
 
 
 # Request id prefixes a run uses (solo_request, trial_requests, oracle.execute's checks) -> the phase.
-_PHASES = (("solo-", "references"), ("prefill-", "prefill/decode check"), ("prefix-", "prefix-cache check"))
+_PHASES = (("solo-", "references"), ("prefill-", "prefill/decode check"), ("prefix-", "prefix-cache check"),
+           ("sampled-", "seeded-sampling check"))
 _NUMBERED = (("shrink", "shrinking (trial {n})"), ("trial", "trial {n}"))
 
 

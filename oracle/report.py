@@ -21,7 +21,7 @@ Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
 # What made a divergence: the batch (what shared the target's passes), or run-to-run nondeterminism
 # (the target differed although it ran alone, or a trial differed from itself).
-Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden"]
+Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden", "sampling", "instance"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1

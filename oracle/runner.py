@@ -35,11 +35,13 @@ from oracle.timings import rounded
 View = Callable[[Report, Path], Any]
 
 
-def engine_builder(plan: Plan) -> Callable[[Mode], Engine]:
-    """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error."""
+def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
+    """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
+    picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
+    from oracle.instances import instance_config
     from oracle.watchdog import start_engine
 
-    return lambda mode: start_engine(plan.config.engine, plan.model_dir, mode)
+    return lambda mode: start_engine(instance_config(plan.config.engine, mode, instance), plan.model_dir, mode)
 
 
 class OpLocalizer:
@@ -112,7 +114,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     localizer = OpLocalizer(out_dir / "repro")
     try:
         for mode in modes_read(config):
-            execution = ModeExecution(plan, mode, observer, build, localizer)
+            execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1))
             try:
                 execution.run()
             finally:

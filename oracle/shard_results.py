@@ -23,7 +23,7 @@ import numpy as np
 
 from oracle.contract import Completion, Mode, StepEvidence
 from oracle.errors import ConfigError
-from oracle.execute import ModeResult
+from oracle.execute import InstanceRun, ModeResult, SampledRound
 from oracle.prompts import Target
 from oracle.schedule import Trial
 from oracle.shard import Shard
@@ -80,6 +80,14 @@ def _mode(r: ModeResult, rows: _Rows) -> dict[str, Any]:
         "prefix": [[t, _completion(a, rows), _completion(b, rows)] for t, (a, b) in r.prefix.items()],
         "prefix_note": r.prefix_note, "localized": [[_key(k), op(v)] for k, v in r.localized.items()],
         "localize_notes": list(r.localize_notes), "seconds": r.seconds, "timings": dict(r.timings),
+        "sampled": [{"variant": x.variant, "targets": list(x.targets), "seeds": list(x.seeds),
+                     "solo": [_completion(c, rows) for c in x.solo],
+                     "batches": [[_completion(c, rows) for c in b] for b in x.batches]} for x in r.sampled],
+        "sampling_note": r.sampling_note,
+        "instance": None if r.instance is None else {
+            "engine": dict(r.instance.engine), "note": r.instance.note,
+            "solo": [[t, _completion(c, rows)] for t, c in r.instance.solo.items()],
+            "trials": [[t, _completion(c, rows)] for t, c in r.instance.trials.items()]},
     }
 
 
@@ -120,12 +128,20 @@ def _read_mode(mode: Mode, d: dict[str, Any], rows: Any) -> ModeResult:
         return _read_completion(x, rows)
 
     localized = {(k[0] if len(k) == 1 else tuple(k)): v for k, v in d["localized"]}
+    sampled = tuple(SampledRound(int(x["variant"]), tuple(int(t) for t in x["targets"]),
+                                 tuple(int(v) for v in x["seeds"]), tuple(c(y) for y in x["solo"]),
+                                 tuple(tuple(c(y) for y in b) for b in x["batches"]))
+                    for x in d.get("sampled", ()))
+    i = d.get("instance")
+    instance = None if i is None else InstanceRun(
+        dict(i["engine"]), {int(t): c(x) for t, x in i["solo"]}, {int(t): c(x) for t, x in i["trials"]}, str(i["note"]))
     return ModeResult(
         mode, dict(d["engine"]), {int(t): c(x) for t, x in d["solo"]}, {int(t): c(x) for t, x in d["trials"]},
         {int(t): c(x) for t, x in d["repeats"]}, {(int(t), int(i)): c(x) for t, i, x in d["prefill"]},
         {int(t): (c(a), c(b)) for t, a, b in d["prefix"]}, str(d["prefix_note"]),
         localized=localized, localize_notes=tuple(d["localize_notes"]), seconds=float(d["seconds"]),
-        timings=dict(d["timings"]))
+        timings=dict(d["timings"]), sampled=sampled, sampling_note=str(d.get("sampling_note", "")),
+        instance=instance)
 
 
 def load_results(report_dir: Path) -> ShardResults:

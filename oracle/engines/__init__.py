@@ -265,9 +265,10 @@ def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
             raise ConfigError(f"engine.options: {e}") from e
     if cfg.kind == "openai":
         from oracle.engines.openai_engine import OpenAIEngine
+        from oracle.instances import instance_config
 
-        try:
-            return OpenAIEngine(model_dir, mode, **cfg.options)
+        try:  # a mode's list of URLs: the first server, unless the caller resolved another (cross_instance)
+            return OpenAIEngine(model_dir, mode, **instance_config(cfg, mode, 0).options)
         except TypeError as e:
             raise ConfigError(f"engine.options: {e}") from e
     if ":" in cfg.kind:

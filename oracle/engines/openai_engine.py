@@ -423,11 +423,14 @@ class OpenAIEngine:
                 raise
 
     def _body(self, r: Request) -> dict[str, Any]:
+        """The request's own `seed` goes with it (vLLM and SGLang seed that request's sampler with it);
+        top_p / top_k only where they truncate."""
         s = r.sampling
+        truncation = {**({"top_p": s.top_p} if s.top_p < 1.0 else {}), **({"top_k": s.top_k} if s.top_k > 0 else {})}
         return {
             "model": self._info["served_model"], "prompt": list(r.prompt_token_ids), "max_tokens": s.max_tokens,
             "temperature": s.temperature, "seed": s.seed, "logprobs": self.logprobs,
-            "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True, **truncation,
         }
 
     async def _post(self, client: Any, url: str, body: dict[str, Any]) -> Any:

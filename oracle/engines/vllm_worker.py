@@ -271,7 +271,7 @@ class WorkerEngine:
                 k = -1 if s.logits in ("full", "digest") else self.spec.logprobs
                 params = VllmSamplingParams(
                     max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed if s.temperature > 0 else None,
-                    logprobs=k, detokenize=False, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
+                    top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1, logprobs=k, detokenize=False, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
                     flat_logprobs=True,
                 )
                 prompt: Any = {"prompt_token_ids": list(r.prompt_token_ids)}  # a TokensPrompt

@@ -34,8 +34,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def completion(body, fault=""):
-    """Token i of a prompt is (sum(prompt) + i) % 1000 with logprob -0.125 * (i + 1); `fault` breaks the answer."""
+    """Token i of a prompt is (sum(prompt) + i) % 1000 with logprob -0.125 * (i + 1); `fault` breaks the answer.
+    Sampled (temperature > 0), the request's own seed moves the tokens: (sum(prompt) + 7919 * seed + i) % 1000."""
     base = sum(body["prompt"]) % 1000
+    if body.get("temperature", 0) > 0:
+        base = (base + 7919 * body.get("seed", 0)) % 1000
     k = body.get("logprobs") or 0
     tokens, lps, tops = [], [], []
     for i in range(body["max_tokens"]):
@@ -614,3 +617,62 @@ def test_one_server_for_both_modes_makes_the_mode_comparisons_vacuous(stub: Any,
         assert "compares the server with itself" in verdicts[name].message
     assert verdicts["invariance"].evidence.get("shared_server") is None
     assert "compares the server with itself" in (out / "summary.md").read_text()
+
+
+def test_a_sampled_request_sends_its_own_seed_and_truncation(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    sampled = [SamplingParams(max_tokens=2, temperature=0.5, seed=s, top_p=0.9, top_k=8) for s in (3, 4)]
+    out = engine.generate([Request(f"r{i}", (7, 8, 9), p) for i, p in enumerate(sampled)])
+    assert sorted((b["seed"], b["top_p"], b["top_k"]) for b in stub.bodies) == [(3, 0.9, 8), (4, 0.9, 8)]
+    assert out[0].token_ids != out[1].token_ids  # the stub honours the seed
+
+
+def _server_run(tmp_path: Path, base_url: Any, checks: dict[str, Any]) -> Any:
+    import yaml
+
+    from oracle.config import load_config
+    from oracle.models import make_model
+    from oracle.runner import run
+
+    model = make_model("tiny-qwen3", tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": "model",
+        "engine": {"kind": "openai", "options": {"base_url": base_url, "concurrency": 4}},
+        "prompts": {"texts": ["hello there", "a second prompt"]},
+        "sampling": {"max_tokens": 3, "logits": "digest"},
+        "schedule": {"trials": 3, "batch_size": [1, 3], "repeat_trials": 1, "shrink": False},
+        "checks": {"repeatability": "off", "fidelity": "off", "drift": "off", "negative_control": "off",
+                   "prefill_decode": "off", "prefix_cache": "off", **checks},
+    }))
+    return run(load_config(cfg), seed=1, report_dir=tmp_path / "report")
+
+
+def test_seeded_sampling_and_cross_instance_over_a_list_of_servers(needs_httpx: None, tmp_path: Path) -> None:
+    """Invariant mode given two servers: the run uses the first, cross_instance the second; both pass, and the
+    seeded_sampling check reads the servers' answers to each request's seed."""
+    servers = _stubs(3)
+    try:
+        first, second, prod = servers
+        report = _server_run(tmp_path, {"invariant": [_url(first), _url(second)], "production": _url(prod)},
+                             {"seeded_sampling": "required", "cross_instance": "required"})
+        verdicts = {c.name: c.verdict for c in report.checks}
+        assert verdicts["seeded_sampling"] == verdicts["cross_instance"] == "pass", report.checks
+        assert report.check("cross_instance").trials == 2 + 3  # type: ignore[union-attr]
+        assert first.bodies and second.bodies and not prod.bodies
+        assert {b["seed"] for b in first.bodies if b["temperature"] > 0} and \
+            not any(b["temperature"] > 0 for b in second.bodies)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_cross_instance_on_one_server_is_vacuous(stub: Any, tmp_path: Path) -> None:
+    stub.delay_s = 0.0
+    report = _server_run(tmp_path, {"invariant": _url(stub), "production": _url(stub)},
+                         {"invariance": "off", "seeded_sampling": "off", "cross_instance": "required"})
+    result = report.check("cross_instance")
+    assert result is not None and result.verdict == "vacuous" and "list of URLs" in result.message
+    assert report.exit_code() == 1  # a required check that proves nothing

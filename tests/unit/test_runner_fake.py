@@ -180,7 +180,7 @@ def test_prefix_cache_is_vacuous_for_an_engine_without_one(fake_model: Path, tmp
 def test_only_the_modes_the_checks_read_are_run(fake_model: Path, tmp_path: Path) -> None:
     cfg = _config(fake_model, tmp_path)
     cfg["checks"] = {"invariance": "required", "repeatability": "off", "fidelity": "off", "drift": "off",
-                     "negative_control": "off", "prefill_decode": "off", "prefix_cache": "off"}
+                     "negative_control": "off", "prefill_decode": "off", "prefix_cache": "off", "seeded_sampling": "off"}
     report = run(parse_config(cfg))
     assert list(report.environment["engines"]) == ["invariant"] and "production_s" not in report.timings
     assert [c.name for c in report.checks] == ["invariance"] and report.exit_code() == 0

@@ -1,7 +1,8 @@
 """Sampling and the per-step outputs of the sampled rows: computed on the device, copied to the host once.
 
 For the R rows of a step that sample a token (logits [R, vocab] float32), one pass on the logits'
-device computes every row's token (greedy argmax, or Gumbel-max with the request's own generator),
+device computes every row's token (greedy argmax, or Gumbel-max with the request's own generator over
+the temperature-scaled logits truncated to the request's top-k / top-p),
 the token's log-probability, the top-2 logits and, for rows that ask for a digest, a fingerprint
 of the row's bits; one device-to-host copy brings them back. Full rows are copied only for
 requests that ask for `logits: full`.
@@ -80,6 +81,28 @@ def _f32(bits: np.ndarray) -> list[float]:
     return bits.astype(np.int32).view(np.float32).tolist()  # type: ignore[no-any-return]
 
 
+def truncate(scaled: torch.Tensor, sampling: Sequence[SamplingParams]) -> torch.Tensor:
+    """[S, vocab] temperature-scaled logits with the tokens outside each row's top-k / top-p set to -inf.
+
+    Row by row (sort, softmax and cumulative sum within a row), so a row's set never depends on the
+    others. Top-p keeps the smallest prefix of the sorted tokens whose probability reaches `top_p`
+    (at least one token); ties in the sort keep vocabulary order (stable sort).
+    """
+    if all(s.top_k <= 0 and s.top_p >= 1.0 for s in sampling):
+        return scaled
+    vocab = scaled.shape[-1]
+    device = scaled.device
+    top_k = torch.tensor([s.top_k if 0 < s.top_k < vocab else vocab for s in sampling], device=device)  # [S]
+    top_p = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=device)  # [S]
+    ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [S, vocab]
+    rank = torch.arange(vocab, device=device)[None, :]  # [1, vocab]
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # probability of the better-ranked tokens
+    drop = (rank >= top_k[:, None]) | ((before >= top_p[:, None]) & (rank > 0))
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, ordered)
+
+
 def sample_rows(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> SampledRows:
@@ -93,7 +116,8 @@ def sample_rows(
         rows = torch.tensor(drawn, device=device)
         temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
         scores = logits.clone()
-        scores[rows] = logits[rows] / temperature[:, None] + gumbel
+        scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
+        scores[rows] = scaled + gumbel
     tokens = torch.argmax(scores, dim=-1)  # [R]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]  # [R]
     top2 = torch.topk(logits, 2, dim=-1).values if vocab > 1 else logits[:, :1].expand(-1, 2)  # [R, 2]
