@@ -10,8 +10,10 @@ sequence's keys, and runs under `oracle_kernels.batch_invariant()`, so a row's b
 on what shares the pass. Requests join at their arrival step, so a pass mixes prefills and
 decodes, and the evidence records every pass's sequences and tokens.
 
-Greedy decoding only: transformers samples from one global generator, so a seeded sample would
-depend on the batch by construction. `self.model` is the Hugging Face module itself.
+Seeded sampling (temperature > 0, top-p / top-k) in invariant mode only: each request draws from its own
+generator seeded with its seed (oracle/engines/native/sampler.py), so its noise does not depend on the
+batch. Production mode is greedy only: transformers' generate() samples from one global generator, so
+a seeded sample would depend on the batch by construction. `self.model` is the Hugging Face module itself.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from oracle.contract import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
+from oracle.engines.native.sampler import choose, request_generator
 from oracle.engines.transformers_packed import Packing, SequenceCache, packed
 from oracle.errors import ConfigError, EngineError, ModelError
 
@@ -43,6 +46,7 @@ class _Running:
     logprobs: list[float] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)  # float32 logits rows [vocab]
     evidence: list[StepEvidence] = field(default_factory=list)
+    generator: torch.Generator | None = None  # the request's own, when it samples
 
     @property
     def length(self) -> int:
@@ -118,9 +122,11 @@ class TransformersEngine:
             torch.set_num_threads(before)
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
-        """Greedy completions, one per request in order; `max_num_batched_tokens` is not used."""
-        if any(r.sampling.temperature > 0 for r in requests):
-            raise ConfigError("sampling.temperature: the transformers engine is greedy only (temperature 0)")
+        """Completions, one per request in order; `max_num_batched_tokens` is not used. Sampled requests
+        (temperature > 0) in invariant mode only."""
+        if self.mode == "production" and any(r.sampling.temperature > 0 for r in requests):
+            raise ConfigError("sampling.temperature: the transformers engine is greedy only in production mode "
+                              "(its generate() draws from one global generator); seeded sampling runs in invariant mode")
         if not requests:
             return []
         if self.mode == "invariant":
@@ -138,7 +144,7 @@ class TransformersEngine:
                     step = requests[waiting[0]].arrival_step  # nothing to run until the next arrival
                 while waiting and requests[waiting[0]].arrival_step <= step:
                     i = waiting.pop(0)
-                    running.append(_Running(i, requests[i]))
+                    running.append(_Running(i, requests[i], generator=request_generator(requests[i].sampling)))
                 self._packed_step(running, step)
                 for r in [r for r in running if r.is_finished]:
                     running.remove(r)
@@ -170,7 +176,7 @@ class TransformersEngine:
             self._pass_rows = ()
         logits = out.logits[0].to(torch.float32)  # [B, vocab]
         logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = torch.argmax(logits, dim=-1).tolist()
+        chosen = choose(logits, [r.request.sampling for r in running], [r.generator for r in running]).tolist()
         prefill_tokens = sum(n for r, n in zip(running, num_new, strict=True) if not r.tokens)
         kv_lens = [r.length for r in running]
         for b, r in enumerate(running):

@@ -101,3 +101,24 @@ def test_cross_instance_in_production_mode_runs_production_only(tiny_qwen3: Path
     assert result is not None and result.verdict == "pass" and result.evidence["mode"] == "production"
 
 
+
+
+@pytest.mark.parametrize("sampling", VARIANTS[1:], ids=["top_p", "top_k"])
+def test_transformers_invariant_mode_samples_each_request_from_its_own_seed(tiny_qwen3: Path,
+                                                                            sampling: SamplingParams) -> None:
+    """The packed invariant mode of the transformers engine: the same request alone and beside its seed-6 twin
+    and a later arrival, bitwise; and the same tokens as the native engine's sampler gives it alone."""
+    pytest.importorskip("transformers")
+    from oracle.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(tiny_qwen3, "invariant", num_threads=1)
+    prompt = (3, 14, 15, 92, 65, 35, 89, 79)
+    mine = Request("mine", prompt, SamplingParams(**{**sampling.__dict__, "seed": 5}))
+    twin = Request("twin", prompt, SamplingParams(**{**sampling.__dict__, "seed": 6}))
+    late = Request("late", tuple(range(20, 33)), SamplingParams(**{**sampling.__dict__, "seed": 7}), arrival_step=2)
+    alone = engine.generate([mine])[0]
+    batch = engine.generate([twin, late, mine])
+    assert first_divergence(alone, batch[2]) is None
+    assert batch[0].token_ids != batch[2].token_ids
+    native = NativeEngine(tiny_qwen3, "invariant", num_threads=1).generate([mine])[0]
+    assert native.token_ids == alone.token_ids

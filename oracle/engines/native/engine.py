@@ -25,7 +25,7 @@ from oracle.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
-from oracle.engines.native.sampler import SampledRows, sample_rows
+from oracle.engines.native.sampler import SampledRows, request_generator, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
@@ -227,11 +227,7 @@ class NativeEngine:
         return outs
 
     def _generator(self, r: Request) -> torch.Generator | None:
-        if r.sampling.temperature <= 0:
-            return None
-        g = torch.Generator(device="cpu")
-        g.manual_seed(r.sampling.seed)
-        return g
+        return request_generator(r.sampling)
 
     def _run_step(
         self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request], outs: list[Completion],

@@ -103,12 +103,13 @@ def truncate(scaled: torch.Tensor, sampling: Sequence[SamplingParams]) -> torch.
     return torch.empty_like(scaled).scatter_(1, order, ordered)
 
 
-def sample_rows(
+def choose(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
-) -> SampledRows:
-    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows)."""
+) -> torch.Tensor:
+    """[R] int64 tokens of `logits` [R, vocab] float32: argmax where a row's generator is None, else Gumbel-max
+    over the row's temperature-scaled, top-k / top-p truncated logits with noise from the row's own generator."""
     device = logits.device
-    num_rows, vocab = logits.shape
+    vocab = logits.shape[-1]
     scores = logits
     drawn = [i for i, g in enumerate(generators) if g is not None]
     if drawn:
@@ -118,7 +119,24 @@ def sample_rows(
         scores = logits.clone()
         scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
         scores[rows] = scaled + gumbel
-    tokens = torch.argmax(scores, dim=-1)  # [R]
+    return torch.argmax(scores, dim=-1)
+
+
+def request_generator(sampling: SamplingParams) -> torch.Generator | None:
+    """The request's own CPU generator, seeded from its seed (None when greedy): its noise never depends on
+    what shares the batch."""
+    if sampling.temperature <= 0:
+        return None
+    return torch.Generator(device="cpu").manual_seed(sampling.seed)
+
+
+def sample_rows(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> SampledRows:
+    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows)."""
+    device = logits.device
+    num_rows, vocab = logits.shape
+    tokens = choose(logits, sampling, generators)  # [R]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]  # [R]
     top2 = torch.topk(logits, 2, dim=-1).values if vocab > 1 else logits[:, :1].expand(-1, 2)  # [R, 2]
     columns = [tokens[:, None], logprobs.view(torch.int32)[:, None].long(), top2.contiguous().view(torch.int32).long()]
