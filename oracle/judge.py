@@ -360,6 +360,10 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
                                inv.localized.get(("prefix", t)), num_cached_tokens=cached))
     n = len(inv.prefix)
     ev = {"targets": n, "warm_runs_with_cache_hits": hits}
+    if inv.prefix_note and requirement != "required":
+        # Not applicable: the engine was configured without a prefix cache. Required, it stays vacuous (blocks).
+        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="skipped", trials=0,
+                                  evidence=ev, message=inv.prefix_note))
     if n == 0 or hits == 0:
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
                                   evidence=ev, message=inv.prefix_note or "no warm run hit the prefix cache"))

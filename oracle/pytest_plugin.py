@@ -217,7 +217,8 @@ class _Summary:
         terminalreporter.section("oracle")
         for r in self.state.runs:
             verdicts = ", ".join(f"{k} {v}" for k, v in r.verdicts.items()) or "no check judged"
-            status = "passed" if r.exit_code == 0 else f"FAILED (exit {r.exit_code})"
+            # The words the CLI and summary.md use (`reported`, `passed with warnings`).
+            status = r.headline or ("passed" if r.exit_code == 0 else f"FAILED (exit {r.exit_code})")
             terminalreporter.write_line(f"{r.label}: {status}, seed {r.seed}: {verdicts}")
             terminalreporter.write_line(f"    config {r.source}; report {r.report}")
             if r.error:

@@ -125,6 +125,7 @@ class RunRecord:
     verdicts: dict[str, str]
     report: str
     error: str | None = None
+    headline: str = ""  # the CLI's and summary.md's word for the run: passed, passed with warnings, ...
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -240,6 +241,7 @@ class OracleSession:
                    run_dir: Path | None = None, warn: bool = True) -> tuple[Report, Path]:
         """Run a parsed config into a fresh report folder; record it for the summary. Raises OracleError."""
         from oracle.render.files import write_formats
+        from oracle.render.verdict import headline, shown_verdict
         from oracle.run_guard import RunGuard
         from oracle.runner import run
 
@@ -252,7 +254,8 @@ class OracleSession:
                          example_db=self._state.example_db)
         path = run_dir / "report.json"
         self._record(RunRecord(label, source, report.seed, report.exit_code(),
-                               {c.name: c.verdict for c in report.checks}, str(path), report.error))
+                               {c.name: shown_verdict(c) for c in report.checks}, str(path), report.error,
+                               headline(report)))
         for c in report.checks if warn else ():
             if c.requirement == "warn" and is_bad(c):
                 # stacklevel 4: the test's line (test -> helper -> _run_data -> run_config)

@@ -83,16 +83,16 @@ def needs_weights(cfg: EngineConfig) -> bool:
     return cfg.kind in RUN_WEIGHTS
 
 
-# The validated engine fields a custom engine is given, as keyword arguments, where its constructor names
-# them (or takes **kwargs and the config sets them); engine.options are passed besides, and win.
+# The validated engine fields a custom engine is given, as keyword arguments, when the config sets them
+# and its constructor names them (or takes **kwargs); engine.options are passed besides, and win.
 CUSTOM_ENGINE_FIELDS = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
                         "enable_prefix_caching", "block_size", "num_threads")
 
 
 def custom_engine_kwargs(cfg: EngineConfig, cls: object) -> dict[str, object]:
-    """The keyword arguments of a custom engine's constructor besides model and mode: every engine field
-    it names (validated, defaults filled in), the fields the config sets away from their defaults where it
-    takes **kwargs, then engine.options. Such a field that the constructor cannot take is a ConfigError
+    """The keyword arguments of a custom engine's constructor besides model and mode: the engine fields
+    the config sets away from their defaults (where it names them or takes **kwargs; otherwise its own
+    defaults stand, which may differ from the config's) and those it requires, then engine.options. Such a field that the constructor cannot take is a ConfigError
     naming it, never silently dropped."""
     import inspect
 
@@ -101,12 +101,13 @@ def custom_engine_kwargs(cfg: EngineConfig, cls: object) -> dict[str, object]:
     except (TypeError, ValueError):  # no introspectable signature: the options alone, as before
         return dict(cfg.options)
     named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {n for n in named if params[n].default is inspect.Parameter.empty}
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs: dict[str, object] = {}
     for field in CUSTOM_ENGINE_FIELDS:
         # "Set" means away from its default: a report's resolved config (replay) spells out every field.
         given = getattr(cfg, field) != EngineConfig.model_fields[field].default
-        if field in named or (given and var_kw):
+        if field in required or (given and (field in named or var_kw)):
             kwargs[field] = getattr(cfg, field)
         elif given and field not in cfg.options:
             raise ConfigError(f"engine.{field}: {cfg.kind} takes no {field} argument, so the field would have "

@@ -23,8 +23,8 @@ from rich.table import Table
 from oracle.observer import Observer
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
-from oracle.render.timings import timing_line
 from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first, ulp_text
+from oracle.render.timings import timing_line
 from oracle.render.verdict import headline, shown_verdict, style
 from oracle.report import Report
 
@@ -124,7 +124,8 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
         if c.name == "golden" and c.verdict != "pass":
             for line in golden_lines(c):
                 console.print(terminal_text(line), style=style(c))
-    sections = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache")),
+    sections = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache",
+                                               "seeded_sampling", "cross_instance")),
                 ("production-mode divergences (drift)", ("drift",)))
     for title, checks in sections:
         rows = minimal_first([d for d in report.divergences if d.check in checks])

@@ -10,14 +10,14 @@ from typing import Any
 
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import markdown_text, terminal_text
-from oracle.render.timings import timing_line
 from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first, ulp_text
+from oracle.render.timings import timing_line
 from oracle.render.verdict import headline, is_warning, shown_verdict
 from oracle.report import Report
 
 _ICON = {"pass": "pass", "fail": "**FAIL**", "vacuous": "*vacuous*", "error": "**ERROR**", "skipped": "skipped",
          "reported": "*reported*"}
-_CHECKS = ("invariance", "repeatability", "prefill_decode", "prefix_cache", "drift")
+_CHECKS = ("invariance", "repeatability", "prefill_decode", "prefix_cache", "seeded_sampling", "cross_instance", "drift")
 
 
 def _verdict_cell(c: Any) -> str:

@@ -100,7 +100,9 @@ def test_a_dead_or_hung_worker_is_an_engine_error(small_qwen3: Path, how: str) -
                         audit=False, timeout_s=5)
     worker = engine._live()
     try:
-        os.kill(worker.proc.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        # The worker runs under its tether (oracle.tether): signal the worker itself, the tether's child.
+        child = int(Path(f"/proc/{worker.proc.pid}/task/{worker.proc.pid}/children").read_text().split()[0])
+        os.kill(child, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         with pytest.raises(EngineError, match="died" if how == "killed" else "no answer"):
             engine.generate([Request("t", PROMPTS[0], FULL)])
         assert worker.proc.poll() is not None  # a hung worker is killed, not left behind

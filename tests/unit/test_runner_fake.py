@@ -172,9 +172,17 @@ def test_drift_gate_fails_past_its_threshold(fake_model: Path, tmp_path: Path) -
     assert report.exit_code() == 1
 
 
-def test_prefix_cache_is_vacuous_for_an_engine_without_one(fake_model: Path, tmp_path: Path) -> None:
-    report = run(parse_config(_config(fake_model, tmp_path)))
-    assert report.check("prefix_cache").verdict == "vacuous"  # type: ignore[union-attr]
+def test_prefix_cache_for_an_engine_without_one_is_skipped_at_warn_and_blocks_when_required(
+        fake_model: Path, tmp_path: Path) -> None:
+    """Not applicable is not a pass: `skipped` (named as such) at warn; at required it is vacuous and fails."""
+    cfg = _config(fake_model, tmp_path)
+    cfg.setdefault("checks", {})["prefix_cache"] = "warn"
+    report = run(parse_config(cfg))
+    check = report.check("prefix_cache")
+    assert check is not None and check.verdict == "skipped" and "without prefix caching" in check.message
+    cfg["checks"]["prefix_cache"] = "required"
+    report = run(parse_config(cfg))
+    assert report.check("prefix_cache").verdict == "vacuous" and report.exit_code() == 1  # type: ignore[union-attr]
 
 
 def test_only_the_modes_the_checks_read_are_run(fake_model: Path, tmp_path: Path) -> None:
