@@ -379,9 +379,11 @@ class _Worker:
 
 
 def _kill(proc: subprocess.Popen[bytes], conn: Connection) -> None:
-    # The whole group: the tether, the worker and the processes vLLM started.
+    # The whole group: the tether, the worker and the processes vLLM started (the tether leads it).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:  # a process that leads no group of its own
+        proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     tether.release(proc)
