@@ -127,3 +127,21 @@ def test_invariance_fails_exactly_on_the_drawn_differences(drawn: tuple[Runs, se
     assert {d.trial_id for d in judged.divergences} == bad
     assert all(d.kind == "logprob" and d.ulp is not None and d.ulp > 0 for d in judged.divergences)
     assert coverage(runs)["trials run"] == len(runs.trials)
+
+
+@given(lengths=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 64)), min_size=1, max_size=60),
+       count=st.integers(1, 9), repeats=st.integers(0, 10), max_tokens=st.integers(1, 32))
+def test_shards_deal_every_trial_exactly_once_in_balance(lengths: list[tuple[int, int]], count: int, repeats: int,
+                                                         max_tokens: int) -> None:
+    """Over drawn schedules and shard counts: the shards partition the trial ids (merged = the whole schedule),
+    each shard's load is within one trial's cost of every other's, and the deal is a function of the schedule."""
+    from oracle.shard import assign, trial_cost
+
+    targets = (Target("t", (1, 2, 3)),)
+    trials = [Trial(i, 0, 0, 0, tuple(Filler(i * 10 + j, n, 2, 0) for j in range(f))) for i, (f, n) in enumerate(lengths)]
+    parts = assign(trials, targets, max_tokens, repeats, count)
+    assert len(parts) == count and sorted(i for p in parts for i in p) == list(range(len(trials)))
+    cost = {t.trial_id: trial_cost(t, targets, max_tokens, t.trial_id < repeats) for t in trials}
+    loads = [sum(cost[i] for i in p) for p in parts]
+    assert max(loads) - min(loads) <= max(cost.values())
+    assert assign(list(reversed(trials)), targets, max_tokens, repeats, count) == parts or repeats > 0
