@@ -18,11 +18,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from oracle.render.files import STARTED, write_report
 from oracle.report import EXIT_ENGINE, Report, load_report
+from oracle.tether import die_with
 
 # Set in the child's environment: the file descriptor of the pipe whose other end the parent holds.
 PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
@@ -42,16 +42,7 @@ def watch_parent() -> None:
     The variable is taken out of the environment, so processes the child starts do not inherit it."""
     fd = int(os.environ.pop(PARENT_FD_ENV))
     _watching.append(fd)
-
-    def wait() -> None:
-        try:
-            while os.read(fd, 1):
-                pass
-        except OSError:
-            pass
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=wait, name="oracle-parent-watch", daemon=True).start()
+    die_with(fd, "oracle-parent-watch")
 
 
 def _ended(returncode: int) -> str:

@@ -51,18 +51,24 @@ def release(proc: subprocess.Popen[bytes]) -> None:
         os.close(fd)
 
 
-def _main(argv: list[str]) -> int:
-    fd = int(argv[0])
-    keep = tuple(int(x) for x in argv[1].split(",") if x)
-    command = argv[3:] if argv[2:3] == ["--"] else argv[2:]
+def die_with(fd: int, name: str = "oracle-tether") -> None:
+    """When the pipe `fd` reads end-of-file (whoever held its other end is gone), SIGKILL this process group."""
 
-    def starter_gone() -> None:
+    def wait() -> None:
         try:
             while os.read(fd, 1):
                 pass
         except OSError:
             pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name=name, daemon=True).start()
+
+
+def _main(argv: list[str]) -> int:
+    fd = int(argv[0])
+    keep = tuple(int(x) for x in argv[1].split(",") if x)
+    command = argv[3:] if argv[2:3] == ["--"] else argv[2:]
 
     child = subprocess.Popen(command, pass_fds=keep)
 
@@ -72,7 +78,7 @@ def _main(argv: list[str]) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, forward)
-    threading.Thread(target=starter_gone, daemon=True).start()
+    die_with(fd)
     code = child.wait()
     return 128 - code if code < 0 else code
 
