@@ -124,7 +124,7 @@ def row_inputs_differ(expected: Snapshot, actual: Snapshot, positions: Sequence[
     e_named = named_args(expected.func, expected.args, expected.kwargs)
     a_named = named_args(actual.func, actual.args, actual.kwargs)
     pure = {a for a, _ in written_args(actual.func, actual.args, actual.kwargs)
-            if not reads_written(actual.func, a)}
+            if not reads_written(actual.func, a)} | expected.fresh_args | actual.fresh_args
     out: list[str] = []
     for name, a in a_named.items():
         e = e_named.get(name)

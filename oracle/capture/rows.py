@@ -113,6 +113,9 @@ class Snapshot:
     result: str  # "return:J" or "arg:NAME": where the captured rows came from
     layout: PassLayout
     threads: int  # torch's intra-op threads when it ran: a CPU kernel's blocking can follow them
+    # Written arguments that held no value yet (fresh from an allocation, written by nothing since):
+    # the op only writes them, whatever its schema's names say, so their old contents are not inputs.
+    fresh_args: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,7 @@ class RowCapture(TorchDispatchMode):
         self.snapshot_note = ""
         self._layout: PassLayout | None = None
         self._producer: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> OpKey of what made it
+        self._fresh: WeakIdKeyDictionary = WeakIdKeyDictionary()  # allocated, not written since: no value
         self._last_call: dict[OpKey, OpCall] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._within: list[str] = []
@@ -319,8 +323,17 @@ class RowCapture(TorchDispatchMode):
             producers = tuple(dict.fromkeys((*producers, *inner)))
         else:
             out = _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
-        if not producers or op_base_name(func) in ALLOCATORS:
-            return out  # nothing of the target's went in, or storage without a value came out
+        if op_base_name(func) in ALLOCATORS:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._fresh[t] = True
+            return out  # storage without a value came out
+        for _, t in written:  # it holds a value now
+            self._fresh.pop(t, None)
+            if isinstance(t._base, torch.Tensor):
+                self._fresh.pop(t._base, None)
+        if not producers:
+            return out  # nothing of the target's went in
         if getattr(func, "is_view", False) and len(producers) == 1:
             # A view holds the same values as its base: pass the base's identity on (to each of a split's parts).
             for t in tree_flatten(out)[0]:
@@ -412,7 +425,10 @@ class RowCapture(TorchDispatchMode):
         except (RuntimeError, MemoryError) as e:
             self.snapshot_note = f"inputs could not be copied: {e}"
             return
-        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads())
+        fresh = frozenset(name for name, t in named_args(func, args, kwargs).items()
+                          if isinstance(t, torch.Tensor) and (t in self._fresh or (
+                              isinstance(t._base, torch.Tensor) and t._base in self._fresh)))
+        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads(), fresh)
 
 
 def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
