@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from planted import PlantedEngine
 from planted_ops import planted_decoder
 
@@ -68,6 +69,32 @@ def test_an_op_that_writes_its_out_argument_after_a_fresh_allocation(base: Decod
                           env={"PYTHONPATH": support, "PATH": ""}, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "1 of 1" not in done.stdout and f"of {len(loc.positions)} target rows differ, max 1 ULP" in done.stdout
+
+
+def test_a_buffer_written_while_it_held_no_value_is_not_an_input(base: Decoder) -> None:
+    """vLLM's `_C.onednn_mm(c, a, ...)` writes `c`, fresh from `torch.empty`: its garbage is not an input, so
+    the op is confirmed, never `inconclusive` because its "input" c differed."""
+    eng = engine(base, fault="norm_into", module=NORM1, min_tokens=40)
+    loc = localize_trial(eng, [target()], trial(), 0)
+    assert loc is not None
+    assert (loc.module, loc.op, loc.kind) == (NORM1, "planted.rms_norm_into.default", "write")
+    assert loc.status == "localized" and loc.confirmation == "confirmed", loc.confirm_note
+
+
+def test_the_old_contents_of_a_fresh_written_argument_are_not_compared() -> None:
+    from oracle.capture import Grid, PassLayout
+    from oracle.capture.confirm import row_inputs_differ
+    from oracle.capture.rows import Snapshot
+
+    layout = PassLayout(0, 0, (Grid((4,), ((1,),), (5,)),), {})
+    func = torch.ops.planted.rms_norm_into.default
+    x, w = torch.ones(4, 8), torch.ones(8)
+
+    def snap(garbage: float, fresh: frozenset[str]) -> Snapshot:
+        return Snapshot(func, (torch.full((4, 8), garbage), x, w, 1e-6, 40), {}, "arg:c", layout, 1, fresh)
+
+    assert row_inputs_differ(snap(0.0, frozenset()), snap(7.0, frozenset()), [5]) == ["c"]  # read, by its name
+    assert row_inputs_differ(snap(0.0, frozenset({"c"})), snap(7.0, frozenset({"c"})), [5]) == []
 
 
 def test_a_difference_overwritten_before_it_is_read_is_not_named(base: Decoder) -> None:

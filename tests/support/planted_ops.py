@@ -7,6 +7,7 @@ pass holds more than `min_tokens` tokens: exact alone, off beside other requests
 `PlantedDecoder(config, weights, fault=..., module=..., min_tokens=...)`:
 - `norm_out`: the norm of `module` computed into a fresh `empty_like` buffer by `planted::rms_norm_out`
   (an op that writes its `out` argument, downstream of a fresh allocation);
+- `norm_into`: the same through `planted::rms_norm_into(c, ...)`, whose written buffer is not named `out`;
 - `overwritten`: the norm of `module` is exact, but first a perturbed copy is written into the buffer
   by `planted::noisy_copy` and then overwritten whole by `copy_`: a difference nothing reads;
 - `kv_write`: the layer's keys written into the KV cache by `planted::kv_write`, perturbed.
@@ -32,6 +33,12 @@ def rms_norm_out(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: 
     out.copy_(_nudge(y) if x.shape[0] > min_tokens else y)
 
 
+@torch.library.custom_op("planted::rms_norm_into", mutates_args=("c",))
+def rms_norm_into(c: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, min_tokens: int) -> None:
+    """As rms_norm_out, with the written buffer first and not named `out` (vLLM's `_C.onednn_mm(c, ...)`)."""
+    rms_norm_out(c, x, weight, eps, min_tokens)
+
+
 @torch.library.custom_op("planted::noisy_copy", mutates_args=("out",))
 def noisy_copy(out: torch.Tensor, x: torch.Tensor, min_tokens: int) -> None:
     out.copy_(_nudge(x) if x.shape[0] > min_tokens else x)
@@ -53,11 +60,12 @@ class PlantedDecoder(Decoder):
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         here = self.scopes.path[-1] if self.scopes.path else ""
-        if here != self.module or self.fault not in ("norm_out", "overwritten"):
+        if here != self.module or self.fault not in ("norm_out", "norm_into", "overwritten"):
             return super()._rms_norm(x, weight)
         out = torch.empty_like(x)
-        if self.fault == "norm_out":
-            rms_norm_out(out, x, weight, self.config.rms_norm_eps, self.min_tokens)
+        if self.fault in ("norm_out", "norm_into"):
+            write = rms_norm_out if self.fault == "norm_out" else rms_norm_into
+            write(out, x, weight, self.config.rms_norm_eps, self.min_tokens)
             return out
         exact = super()._rms_norm(x, weight)
         noisy_copy(out, exact, self.min_tokens)  # differs in a big pass ...
