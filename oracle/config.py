@@ -240,6 +240,9 @@ class SearchConfig(_Strict):
     trials: int = Field(0, ge=0, le=MAX_TRIALS, description="search trials run after the schedule (0: no search)")
 
 
+ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block"]
+
+
 class ScheduleConfig(_Strict):
     trials: int = Field(50, ge=1, le=MAX_TRIALS, description="trials drawn per run")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="schedule seed; random (and printed) when absent")
@@ -254,6 +257,11 @@ class ScheduleConfig(_Strict):
     max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")
     search: SearchConfig = Field(default_factory=SearchConfig,  # type: ignore[arg-type]
                                  description="guided search after the schedule: {trials: N}")
+    probes: list[ProbeName] | Literal["all"] = Field(
+        default_factory=list,
+        description="hazard probes added to the schedule (oracle.probes): fa3_packed_query, fa3_kv_128, "
+                    "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block; all: every one that applies to the "
+                    "engine; [] (default for now): none")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
     @classmethod

@@ -21,6 +21,7 @@ from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
 from oracle.contract import Completion, Mode, StepEvidence
 from oracle.execute import ModeResult
+from oracle.probes import probe_hits
 from oracle.prompts import Target
 from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord
 from oracle.schedule import Trial
@@ -608,13 +609,14 @@ def coverage(runs: Runs) -> dict[str, int]:
         "mixed prefill+decode pass", "decode-only shared pass", "target prompt chunked",
         "shared pass with a chunked prompt", "filler shares the target's prefix",
         "target prompt hit the prefix cache", "staggered arrival",
-        *(f"target KV length > {b} in a shared pass" for b in KV_BOUNDARIES))})
+        *(f"target KV length > {b} in a shared pass" for b in KV_BOUNDARIES),
+        *(h for t in runs.trials.values() for h in probe_hits(t)))})  # every planned probe side, hit or not
     for tid in runs.judged_ids:
         c = inv.trials.get(tid)
         if c is None:
             continue
         t = runs.trials[tid]
-        hits: set[str] = {"trials run", *_ORIGIN_HITS.get(t.origin, ())}
+        hits: set[str] = {"trials run", *_ORIGIN_HITS.get(t.origin, ()), *probe_hits(t)}
         shared: list[StepEvidence] = [e for e in c.evidence if e.num_seqs >= 2]
         if shared:
             hits.add("target shared a pass")

@@ -75,6 +75,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     from oracle.engines import check_engine_config, check_model_size
     from oracle.golden import golden_path, read_golden
     from oracle.models.context import check_context
+    from oracle.probes import make_probes
     from oracle.prompts import check_prompts, load_targets, vocab_size_of
     from oracle.schedule import draw_schedule
 
@@ -87,8 +88,11 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     targets = tuple(load_targets(config, model_dir))
     check_context(config, model_dir, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
+    vocab = vocab_size_of(model_dir)
+    probes = make_probes(config, targets, model_dir, seed, len(trials), vocab)  # after the drawn trials
+    targets, trials = targets + probes.targets, trials + probes.trials
     check_model_size(config.engine, model_dir, kv_tokens(config, targets, trials))
-    return Plan(config, model_dir, targets, trials, seed, vocab_size_of(model_dir))
+    return Plan(config, model_dir, targets, trials, seed, vocab)
 
 
 def kv_tokens(config: Config, targets: Sequence[Target], trials: Sequence[Trial]) -> int:

@@ -57,6 +57,8 @@ class TrialRecord(_Model):
         default="schedule", description="schedule (drawn by the seeded generator), database (a failing trial of an "
         "earlier run, replayed first), search (the guided search), shrink (a shrinker candidate)")
     parent: int | None = Field(default=None, description="for a shrink candidate: the trial it was reduced from")
+    probe: str = Field(default="", description="a hazard probe's stratum and side (`fa3_kv_256:above`); empty "
+                       "for a trial the generator drew")
 
 
 class LocalizedOpRecord(_Model):

@@ -65,6 +65,7 @@ class Trial:
     max_num_batched_tokens: int | None = None
     origin: Origin = "schedule"
     parent: int | None = None
+    probe: str = ""  # a hazard probe's stratum and side (oracle.probes), `fa3_kv_256:above`; "" for a drawn trial
 
     @property
     def batch_size(self) -> int:
@@ -85,7 +86,7 @@ class Trial:
             target_arrival_step=int(d["target_arrival_step"]),
             fillers=tuple(Filler(**f) for f in d["fillers"]),
             max_num_batched_tokens=d.get("max_num_batched_tokens"),
-            origin=d.get("origin", "schedule"), parent=d.get("parent"),
+            origin=d.get("origin", "schedule"), parent=d.get("parent"), probe=d.get("probe", ""),
         )
 
 
