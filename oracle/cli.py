@@ -365,7 +365,12 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
 
 def entry() -> None:
     """The console script `oracle` (and `python -m oracle`): `oracle run` is supervised."""
-    sys.exit(main(supervise=True))
+    from oracle import supervise
+
+    code = main(supervise=True)
+    if supervise.is_child():
+        supervise.exit_child(code)  # report.json is written: skip the interpreter's teardown
+    sys.exit(code)
 
 
 if __name__ == "__main__":

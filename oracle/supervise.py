@@ -14,11 +14,13 @@ worker the child started is tethered to the child the same way (`oracle.tether`)
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from oracle.render.files import STARTED, write_report
 from oracle.report import EXIT_ENGINE, Report, load_report
@@ -43,6 +45,17 @@ def watch_parent() -> None:
     fd = int(os.environ.pop(PARENT_FD_ENV))
     _watching.append(fd)
     die_with(fd, "oracle-parent-watch")
+
+
+def exit_child(code: int) -> NoReturn:
+    """End the run's child once `oracle run` returned (its report written): exit handlers run and output
+    is flushed, as on a normal exit, but the interpreter's teardown is skipped. Tearing down torch's
+    modules and the run's objects took about 0.25 s of every `oracle run` on 2 CPU cores, and the
+    parent reads the report, not this process's state."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def _ended(returncode: int) -> str:

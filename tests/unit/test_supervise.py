@@ -237,3 +237,12 @@ def test_a_tethered_process_gets_the_descriptors_passed_to_it(tmp_path: Path) ->
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_the_child_exits_with_its_code_after_exit_handlers_and_flushed_output() -> None:
+    code = ("import atexit\nfrom oracle.supervise import exit_child\n"
+            "atexit.register(lambda: print('handler ran'))\n"
+            "print('buffered', end='')\nexit_child(7)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 7
+    assert done.stdout == "bufferedhandler ran\n"
