@@ -14,7 +14,8 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-N_OUT = 96
+
+N_OUT = 96  # weight rows: the N of mm and linear
 
 
 @given(cases(4096, 1024), st.integers(0, 2**16))
