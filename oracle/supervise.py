@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from oracle.render.files import STARTED, write_report
 from oracle.report import EXIT_ENGINE, Report, load_report
-from oracle.tether import die_with
+from oracle.tether import die_with, python
 
 # Set in the child's environment: the file descriptor of the pipe whose other end the parent holds.
 PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
@@ -101,7 +101,7 @@ def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
     try:
         # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
         # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
-        proc = subprocess.Popen([sys.executable, "-m", "oracle", *argv], env=env, pass_fds=(read_end,),
+        proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env, pass_fds=(read_end,),
                                 preexec_fn=os.setpgrp)
         procs.append(proc)
         os.close(read_end)

@@ -25,6 +25,15 @@ from typing import Any
 _write_ends: dict[int, int] = {}
 
 
+def python() -> list[str]:
+    """The argv that starts another Python the way this one was: the working directory on its path only if
+    it is on ours. A console script's path starts with its own folder, so from a checkout the folder
+    `kernels/` (imported as `oracle_kernels`) must not become the `kernels` package transformers imports;
+    `python -m oracle` from a checkout, without an install, keeps the working directory (3.11's -P)."""
+    cwd_first = bool(sys.path) and sys.path[0] in ("", os.getcwd())
+    return [sys.executable] if cwd_first or sys.version_info < (3, 11) else [sys.executable, "-P"]
+
+
 def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """`subprocess.Popen(argv, **kwargs)` tethered to this process; always a new session."""
     read_end, write_end = os.pipe()
@@ -33,7 +42,7 @@ def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     keep = ",".join(str(fd) for fd in theirs)
     try:
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            [sys.executable, "-m", "oracle.tether", str(read_end), keep, "--", *argv],
+            [*python(), "-m", "oracle.tether", str(read_end), keep, "--", *argv],
             pass_fds=(*theirs, read_end), start_new_session=True, **kwargs)
     except BaseException:
         os.close(write_end)

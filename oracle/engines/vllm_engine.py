@@ -28,7 +28,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
@@ -273,7 +272,7 @@ class _Worker:
             with os.fdopen(fd, "wb") as log:
                 # Tethered: the worker (and vLLM's engine-core processes) die with this process.
                 proc = tether.popen(
-                    [sys.executable, "-m", "oracle.engines.vllm_worker", str(theirs.fileno())],
+                    [*tether.python(), "-m", "oracle.engines.vllm_worker", str(theirs.fileno())],
                     env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(theirs.fileno(),),
                 )

@@ -246,3 +246,23 @@ def test_the_child_exits_with_its_code_after_exit_handlers_and_flushed_output() 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 7
     assert done.stdout == "bufferedhandler ran\n"
+
+
+def test_the_run_child_does_not_put_the_working_directory_first(tmp_path: Path) -> None:
+    """Run from a checkout, the console script must not make its `kernels/` folder (oracle_kernels) the
+    `kernels` package transformers imports: the child starts as the parent did (3.11's -P)."""
+    import shutil
+
+    pytest.importorskip("transformers")
+    if sys.version_info < (3, 11):
+        pytest.skip("-P needs Python 3.11")
+    script = shutil.which("oracle", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the console script is not installed beside this Python")
+    checkout = tmp_path / "checkout"
+    (checkout / "kernels").mkdir(parents=True)
+    (checkout / "kernels" / "__init__.py").write_text("")  # not the package transformers looks for
+    config = Path(__file__).resolve().parents[2] / "configs" / "transformers.yaml"
+    done = subprocess.run([script, "run", str(config), "--trials", "2", "--report-dir", str(tmp_path / "r")],
+                          cwd=checkout, env={**os.environ, "CI": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
