@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -278,11 +278,17 @@ class Report(_Model):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary name beside `path`, flush it to disk, then rename it over `path`."""
+    """Write `text` (UTF-8) to a temporary name beside `path`, flush it to disk, then rename it over `path`."""
+    data = text.encode("utf-8")
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """`write(f)` into a temporary file beside `path`, flushed to disk, then renamed over `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
+        with tmp.open("wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -13,7 +13,6 @@ read back is bitwise what the shard held.
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from oracle.contract import Completion, Mode, StepEvidence
 from oracle.errors import ConfigError
 from oracle.execute import InstanceRun, ModeResult, SampledRound
 from oracle.prompts import Target
+from oracle.report import write_atomic_with
 from oracle.schedule import Trial
 from oracle.shard import Shard
 
@@ -102,17 +102,8 @@ def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, 
     blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / RESULTS_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            arrays: dict[str, Any] = {"meta": blob, **rows.arrays}
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    arrays: dict[str, Any] = {"meta": blob, **rows.arrays}
+    write_atomic_with(path, lambda f: np.savez(f, **arrays))
     return path
 
 
