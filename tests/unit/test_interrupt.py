@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from run_process import finish, stale_pass
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -49,27 +50,10 @@ def _wait_for(proc: subprocess.Popen[str], needle: str) -> None:
     raise AssertionError(f"the run ended before printing {needle!r}: {proc.communicate()[1]}")
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
-    """Wait for the run to end (killing it if it does not) and return its stderr."""
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("the run did not end") from None
-    return err
-
 
 def _formats(report_dir: Path) -> dict[str, str]:
     return {name: (report_dir / name).read_text() for name in ("summary.md", "junit.xml", "report.html")}
 
-
-def _stale_pass(report_dir: Path) -> None:
-    """A previous run's passing report, which must not survive as this run's."""
-    report_dir.mkdir(parents=True)
-    (report_dir / "report.json").write_text(json.dumps({"complete": True, "exit_code": 0, "error": None}))
-    for name in ("summary.md", "junit.xml", "report.html"):
-        (report_dir / name).write_text("STALE: passed (exit 0)\n")
 
 
 @pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
@@ -78,7 +62,7 @@ def test_signal_mid_run_writes_partial_report(fake_model: Path, tmp_path: Path, 
     proc = _start(tmp_path, fake_model)
     _wait_for(proc, "fake engine: invariant call 20")  # solo runs done, trials under way
     proc.send_signal(sig)
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == code, err
     assert f"interrupted ({name})" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -91,11 +75,11 @@ def test_signal_mid_run_writes_partial_report(fake_model: Path, tmp_path: Path, 
 
 
 def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp_path: Path) -> None:
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     proc = _start(tmp_path, fake_model)
     _wait_for(proc, "oracle: writing the report to")  # the first line the run prints
     proc.send_signal(signal.SIGTERM)
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -109,9 +93,9 @@ def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp
 def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Path) -> None:
     """os._exit(0) in the engine's thread ends the run's process at once: the process exits 3, never 0,
     and the report (rewritten by the supervising parent) says how the run's process ended."""
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     proc = _start(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == 3, err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["complete"] is False and report["exit_code"] == 3
@@ -123,7 +107,7 @@ def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Pa
 def test_hanging_engine_hits_the_watchdog(fake_model: Path, tmp_path: Path) -> None:
     """A generate() that never returns: engine.timeout_s stops the run with exit 3 and a partial report."""
     proc = _start(tmp_path, fake_model, timeout_s=0.5, fault_after_calls=5, fault="hang")
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == 3, err
     assert "engine.timeout_s" in err and "Traceback" not in err
     report = json.loads((tmp_path / "report" / "report.json").read_text())

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from run_process import finish, stale_pass
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -47,23 +48,10 @@ def _oracle(tmp_path: Path, config: Path, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 180) -> str:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("the run did not end") from None
-    return err
-
 
 def _report(tmp_path: Path) -> dict[str, Any]:
     return json.loads((tmp_path / "report" / "report.json").read_text())
 
-
-def _stale_pass(report_dir: Path) -> None:
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "report.json").write_text(json.dumps({"complete": True, "exit_code": 0, "error": None}))
 
 
 def _gone(pid: int) -> bool:
@@ -88,9 +76,9 @@ def _gone(pid: int) -> bool:
 def test_a_preload_that_ends_the_process_never_reads_as_a_pass(fake_model: Path, tmp_path: Path, body: str,
                                                              says: str) -> None:
     (tmp_path / "ender.py").write_text(body)
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     proc = _oracle(tmp_path, _config(tmp_path, fake_model, preload=["ender"]))
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == 3, err
     report = _report(tmp_path)
     assert report["complete"] is False and report["exit_code"] == 3
@@ -102,7 +90,7 @@ def test_os_exit_in_generate_is_an_engine_error_with_what_completed(fake_model: 
     """os._exit(0) in generate(): exit 3 and an incomplete report, whichever thread generate ran in."""
     config = _config(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
     proc = _oracle(tmp_path, config)
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode == 3, err
     report = _report(tmp_path)
     assert report["exit_code"] == 3 and report["complete"] is False
@@ -181,11 +169,11 @@ def _sigterm_at(model: Path, tmp_path: Path, delay: float) -> None:
     (returncode -15), non-zero too, and nothing of this run exists to agree with."""
     import time
 
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     proc = _oracle(tmp_path, _config(tmp_path, model, trials=6, sleep_s=0.01))
     time.sleep(delay)  # the moment varies; the assertion holds for every moment
     proc.send_signal(signal.SIGTERM)
-    err = _finish(proc)
+    err = finish(proc)
     assert proc.returncode != 0 or _report(tmp_path)["complete"], err
     if proc.returncode == -signal.SIGTERM:
         return
@@ -198,7 +186,7 @@ def _sigterm_at(model: Path, tmp_path: Path, delay: float) -> None:
 
 def test_config_error_replaces_an_earlier_report(tmp_path: Path) -> None:
     """A config that does not load must not leave the previous run's pass in the folder it names."""
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"report_dir: {tmp_path / 'report'}\nschedule: {{trials: -1}}\n")
     proc = subprocess.run([sys.executable, "-m", "oracle", "run", str(bad)], capture_output=True, text=True,
@@ -212,7 +200,7 @@ def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path
     from oracle.run_guard import replace_stale_report
     from oracle.signals import Interrupted
 
-    _stale_pass(tmp_path / "report")
+    stale_pass(tmp_path / "report")
     e = Interrupted(signal.SIGTERM)
     replace_stale_report(tmp_path / "missing.yaml", tmp_path / "report", e)
     report = _report(tmp_path)
