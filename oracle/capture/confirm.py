@@ -117,14 +117,15 @@ def row_inputs_differ(expected: Snapshot, actual: Snapshot, positions: Sequence[
     """Row-aligned tensor arguments (read, not pure outputs) whose target rows differ between the two calls.
 
     A named op must have read equal rows; if one of its inputs already differed where the capture
-    could not follow it (a tensor it did not track), the op is an effect, not the cause.
+    could not follow it (a tensor it did not track), the op is an effect, not the cause. An argument the
+    op only writes (by its schema, or fresh from an allocation in both calls) is not an input.
     """
     from oracle.capture.rows import reads_written, written_args
 
     e_named = named_args(expected.func, expected.args, expected.kwargs)
     a_named = named_args(actual.func, actual.args, actual.kwargs)
     pure = {a for a, _ in written_args(actual.func, actual.args, actual.kwargs)
-            if not reads_written(actual.func, a)} | expected.fresh_args | actual.fresh_args
+            if not reads_written(actual.func, a)} | (expected.fresh_args & actual.fresh_args)
     out: list[str] = []
     for name, a in a_named.items():
         e = e_named.get(name)

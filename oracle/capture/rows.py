@@ -25,6 +25,7 @@ Equality is decided later, bitwise, by `oracle.capture.rules`.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ OpKey = tuple[str, str, int]
 # Ops whose output is storage without a value.
 ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
                         "new_empty_strided", "resize_", "resize_as_"})
+# Those whose result holds no value at all (a resize keeps the old contents of the storage it keeps).
+FRESH_MAKERS = ALLOCATORS - {"resize_", "resize_as_"}
 # In-place ops that overwrite `self` without reading it.
 OVERWRITERS = frozenset({"copy_", "fill_", "zero_", "index_copy_"})
 
@@ -167,8 +170,9 @@ def fits(t: torch.Tensor, layout: PassLayout) -> bool:
     return False
 
 
+@functools.cache
 def op_base_name(func: Any) -> str:
-    """`aten::empty_like` -> `empty_like`."""
+    """`aten::empty_like` -> `empty_like` (cached: asked on every dispatched op)."""
     return str(func._schema.name).split("::")[-1]
 
 
@@ -323,8 +327,9 @@ class RowCapture(TorchDispatchMode):
             producers = tuple(dict.fromkeys((*producers, *inner)))
         else:
             out = _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
-        if op_base_name(func) in ALLOCATORS:
-            for t in tree_flatten(out)[0]:
+        base_name = op_base_name(func)
+        if base_name in ALLOCATORS:
+            for t in tree_flatten(out)[0] if base_name in FRESH_MAKERS else ():
                 if isinstance(t, torch.Tensor):
                     self._fresh[t] = True
             return out  # storage without a value came out
@@ -425,9 +430,8 @@ class RowCapture(TorchDispatchMode):
         except (RuntimeError, MemoryError) as e:
             self.snapshot_note = f"inputs could not be copied: {e}"
             return
-        fresh = frozenset(name for name, t in named_args(func, args, kwargs).items()
-                          if isinstance(t, torch.Tensor) and (t in self._fresh or (
-                              isinstance(t._base, torch.Tensor) and t._base in self._fresh)))
+        fresh = frozenset(name for name, t in written_args(func, args, kwargs)
+                          if t in self._fresh or (isinstance(t._base, torch.Tensor) and t._base in self._fresh))
         self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads(), fresh)
 
 

@@ -95,6 +95,8 @@ def test_the_old_contents_of_a_fresh_written_argument_are_not_compared() -> None
 
     assert row_inputs_differ(snap(0.0, frozenset()), snap(7.0, frozenset()), [5]) == ["c"]  # read, by its name
     assert row_inputs_differ(snap(0.0, frozenset({"c"})), snap(7.0, frozenset({"c"})), [5]) == []
+    # Fresh in one call only: the other read a value there, so it still counts as a differing input.
+    assert row_inputs_differ(snap(0.0, frozenset({"c"})), snap(7.0, frozenset()), [5]) == ["c"]
 
 
 def test_a_difference_overwritten_before_it_is_read_is_not_named(base: Decoder) -> None:
