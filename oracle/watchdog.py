@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from oracle.errors import EngineError, OracleError
+from oracle.exit_trap import ENGINE_THREAD
 
 if TYPE_CHECKING:
     from oracle.config import EngineConfig
@@ -68,8 +69,9 @@ def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
     if isinstance(e, OracleError):
         return e
-    if isinstance(e, SystemExit):
-        return EngineError(f"engine called sys.exit({e.code!r}) in {what}")
+    if isinstance(e, SystemExit):  # oracle.exit_trap.ExitCalled names its os._exit
+        called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
+        return EngineError(f"engine called {called} in {what}")
     where = "" if what == "generate" else f" in {what}"  # generate's wording is the runner's own
     return EngineError(f"engine raised {type(e).__name__}{where}: {e}")
 
@@ -101,7 +103,7 @@ class Worker:
         message, `limit` the config field the deadline comes from."""
         if self._thread is None or not self._thread.is_alive():
             self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._loop, name="oracle-engine", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name=ENGINE_THREAD, daemon=True)
             self._thread.start()
         result: list[T] = []
         error: list[BaseException] = []

@@ -91,15 +91,15 @@ def test_sigterm_in_the_first_moment_still_writes_a_report(fake_model: Path, tmp
 
 
 def test_os_exit_in_an_engine_never_leaves_a_pass(fake_model: Path, tmp_path: Path) -> None:
-    """os._exit(0) in the engine's thread ends the run's process at once: the process exits 3, never 0,
-    and the report (rewritten by the supervising parent) says how the run's process ended."""
+    """os._exit(0) in the engine's thread is an engine error: the process exits 3, never 0, and the report
+    (the run's own, with what completed) names the call."""
     stale_pass(tmp_path / "report")
     proc = _start(tmp_path, fake_model, fault_after_calls=3, fault="os_exit")
     err = finish(proc)
     assert proc.returncode == 3, err
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["complete"] is False and report["exit_code"] == 3
-    assert "before writing its report" in report["error"]
+    assert "os._exit(0)" in report["error"]
     for text in _formats(tmp_path / "report").values():
         assert "STALE" not in text and "partial report" in text
 

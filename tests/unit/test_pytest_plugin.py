@@ -566,8 +566,8 @@ def test_docs_pytest_snippet_works_as_pasted(inner: pytest.Pytester, fake_model:
 
 
 def test_an_engine_that_calls_os_exit_0_fails_the_pytest_run(inner: pytest.Pytester, fake_model: Path) -> None:
-    """os._exit(0) would end pytest with exit 0 before any report: under the plugin it is an engine error
-    (from the main thread) or an immediate exit 3 (from a watchdog thread); never a green session."""
+    """os._exit(0) would end pytest with exit 0 before any report: under the plugin it is an engine error,
+    the test fails and the session goes on; never a green session."""
     inner.makepyfile(f"""
         def test_exits(oracle):
             oracle.assert_batch_invariant([[1, 2, 3], [4, 5, 6, 7]],
@@ -578,6 +578,8 @@ def test_an_engine_that_calls_os_exit_0_fails_the_pytest_run(inner: pytest.Pytes
     assert result.ret != 0, result.stdout.str()
     (report,) = reports_under(inner.path / "reports").values()
     assert report["complete"] is False and report["exit_code"] == 3
+    assert "os._exit(0)" in report["error"], report["error"]  # the run's own engine error: pytest went on
+    assert "1 failed" in result.stdout.str()
 
 
 def test_sigterm_to_a_pytest_run_never_leaves_an_earlier_pass(inner: pytest.Pytester, fake_model: Path) -> None:
