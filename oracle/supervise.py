@@ -15,16 +15,18 @@ worker the child started is tethered to the child the same way (`oracle.tether`)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from oracle.render.files import STARTED, write_report
-from oracle.report import EXIT_ENGINE, Report, load_report
 from oracle.tether import die_with, python
+
+if TYPE_CHECKING:  # the report and its views are imported where used: every `oracle` command imports this module
+    from oracle.report import Report
 
 # Set in the child's environment: the file descriptor of the pipe whose other end the parent holds.
 PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
@@ -70,6 +72,9 @@ def _ended(returncode: int) -> str:
 
 def _final(path: Path) -> Report | None:
     """The report the child finished (complete, or stopped with its own error), else None."""
+    from oracle.render.files import STARTED
+    from oracle.report import load_report
+
     try:
         report = load_report(path)
     except Exception:  # missing, half-written by something else, unreadable: not a final report
@@ -108,10 +113,20 @@ def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
         if signalled:  # arrived between the handler and the child's start
             proc.send_signal(signalled[0])
         returncode = proc.wait()
+        os.close(write_end)
+        # Still under `forward` (a late signal is only noted): the code returned is the report's.
+        return _settle(report_dir, started, returncode, signalled)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        os.close(write_end)
+        with contextlib.suppress(OSError):
+            os.close(write_end)
+
+
+def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[int]) -> int:
+    """The child is gone: its final report's code, or the started report rewritten with how it ended."""
+    from oracle.render.files import write_report
+    from oracle.report import EXIT_ENGINE
     report = _final(report_dir / "report.json")
     if report is not None:
         return report.exit_code()
