@@ -430,7 +430,9 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
                     continue
                 sensitive += 1
                 shared += any(batch[j].token_ids == batch[k].token_ids for batch in rnd.batches)
+    batched = sum(c.max_batch >= 2 for rnd in inv.sampled for b in rnd.batches for c in b)
     ev = {"variants": [v.model_dump() for v in variants], "requests_compared": compared,
+          "requests_batched": batched,
           "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
           "seeds": [list(r.seeds) for r in inv.sampled]}
     if not inv.sampled:
@@ -444,6 +446,10 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
         return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="fail", trials=compared,
                                   divergent=len(recs) or shared, evidence=ev, message="; ".join(parts)),
                       tuple(recs))
+    if batched == 0:  # the "batched" requests never shared a pass: nothing was tested
+        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous",
+                                  trials=compared, evidence=ev,
+                                  message="no sampled request shared a forward pass with another"))
     if sensitive == 0:
         return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous",
                                   trials=compared, evidence=ev,

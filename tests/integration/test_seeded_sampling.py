@@ -22,10 +22,12 @@ CHECKS_OFF = {"repeatability": "off", "fidelity": "off", "drift": "off", "negati
               "prefill_decode": "off", "prefix_cache": "off"}
 
 
-def _run(tmp_path: Path, kind: str = "native", **checks: Any) -> Report:
+def _run(tmp_path: Path, kind: str = "native", engine: dict[str, Any] | None = None,
+         schedule: dict[str, Any] | None = None, **checks: Any) -> Report:
     data = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    data["engine"].update(engine or {})
     data["report_dir"] = str(tmp_path / "report")
-    data["schedule"].update(seed=3, trials=6, repeat_trials=0, shrink=False)
+    data["schedule"].update(seed=3, trials=6, repeat_trials=0, shrink=False, **(schedule or {}))
     data["checks"] = {**CHECKS_OFF, "invariance": "required", **checks}
     if kind != "native":
         e = data.pop("engine")
@@ -64,6 +66,15 @@ def test_seeded_sampling_passes_on_the_native_engine_and_names_its_seeds(tiny_qw
     assert ev["requests_compared"] == 3 * 4 * 2 and ev["seed_pairs_that_differ_alone"] > 0
     assert len(ev["seeds"]) == 3 and all(len(set(s)) == 4 for s in ev["seeds"])
     assert report.exit_code() == 0
+
+
+def test_seeded_sampling_that_never_formed_a_batch_is_vacuous(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """One sequence per pass: the "batched" runs are solo runs again, so nothing was tested (never `pass`)."""
+    report = _run(tmp_path, seeded_sampling="required", invariance="off", engine={"max_num_seqs": 1},
+                  schedule={"batch_size": [1, 1]})
+    result = report.check("seeded_sampling")
+    assert result is not None and result.verdict == "vacuous", result
+    assert result.evidence["requests_batched"] == 0 and report.exit_code() == 1
 
 
 def test_a_batch_that_shares_one_seed_fails_seeded_sampling(tiny_qwen3: Path, tmp_path: Path) -> None:
