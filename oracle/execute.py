@@ -431,7 +431,9 @@ class ModeExecution:
     def _second_instance(self) -> None:
         """Start the mode's engine again, separately, and run every reference and the first trials on it."""
         plan = self.plan
-        n = min(plan.config.checks.cross_instance.trials, len(plan.trials))
+        # The schedule's first trials, also in a shard (whose `trials` are its slice), as unsharded.
+        schedule = plan.shard.schedule if plan.shard is not None else plan.trials
+        n = min(plan.config.checks.cross_instance.trials, len(schedule))
         self.observer.phase(f"{self.mode} (second instance)", len(plan.targets) + n)
         engine = self.build_second(self.mode)
         solo: dict[int, Completion] = {}
@@ -442,7 +444,7 @@ class ModeExecution:
             for i in range(len(plan.targets)):
                 solo[i] = keep_rows(fresh(engine, [solo_request(plan, i)])[0])
                 self.observer.advance(0)
-            for trial in plan.trials[:n]:
+            for trial in schedule[:n]:
                 requests, at = trial_requests(plan, trial)
                 trials[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
                 self.observer.advance(0)

@@ -34,6 +34,8 @@ def step_digests(c: Completion) -> list[str]:
         h.update(int(tok).to_bytes(8, "little", signed=True))
         h.update(np.array(lp, dtype=np.float32).tobytes())
         if c.logits is not None and i < len(c.logits):
+            if c.logits[i] is None:  # a trimmed row (execute.keep_rows): its bits are not here to digest
+                raise ValueError(f"step {i}: the logits row was not kept; golden digests need solo references")
             h.update(np.asarray(c.logits[i], dtype=np.float32).tobytes())
         elif c.logits_digests is not None and i < len(c.logits_digests):
             h.update(c.logits_digests[i].encode())

@@ -173,6 +173,9 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
         raise ConfigError(f"{path}: the config rebuilt from the report has another digest than the shards' "
                           "(a secret set to another value?)")
     plan = plan_run(config, report.seed)
+    if plan.trials != tuple(schedule):  # trial ids index the shards' results: they must be the same trials
+        raise ConfigError(f"{path}: the schedule planned here differs from the shards' (another tokenizer, "
+                          "prompts file or model on this machine?); merge where the shards ran")
     execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"))
     execution.solo.update(inv.solo)
     execution.trials.update(inv.trials)
