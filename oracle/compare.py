@@ -80,7 +80,9 @@ def _logits_equal(a: Completion, b: Completion, i: int) -> tuple[bool | None, fl
         if ra.shape != rb.shape:
             return False, None
         equal_bits = ra.view(np.uint32) == rb.view(np.uint32)
-        same = bool(equal_bits.all()) and _finite_row(ra)
+        if equal_bits.all():  # the common case: no difference to measure
+            return _finite_row(ra), 0.0
+        same = False
         with np.errstate(invalid="ignore"):  # -inf - -inf where a logit is masked in both: no difference
             diff = np.where(equal_bits, 0.0, np.abs(ra.astype(np.float64) - rb.astype(np.float64)))
         return same, float(np.max(diff))

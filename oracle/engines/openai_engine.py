@@ -300,8 +300,9 @@ class OpenAIEngine:
             try:
                 r = self._httpx.get(url, timeout=min(self.request_timeout_s, 30.0), headers=self._headers)
             except self._httpx.HTTPError as e:
-                self._raise_if_server_died(url, e)
-                if self._retry(e, attempt):
+                retry = self._retry(e, attempt)
+                self._raise_if_server_died(url, e, wait=not retry)
+                if retry:
                     time.sleep(self._backoff(attempt))
                     attempt += 1
                     continue
@@ -312,13 +313,14 @@ class OpenAIEngine:
                 continue
             return self._answer(url, r, attempt)
 
-    def _raise_if_server_died(self, url: str, e: BaseException) -> None:
+    def _raise_if_server_died(self, url: str, e: BaseException, wait: bool = True) -> None:
         """A failed request to a server this engine started: if the server exited, say so (with its
-        exit code and the last lines of its log), not the connection error it left behind."""
+        exit code and the last lines of its log), not the connection error it left behind. `wait`: give
+        a dying server a moment to exit (only when the request is about to fail for good)."""
         server = self._server
         if server is None:
             return
-        code = server.exit_code(wait_s=_EXIT_WAIT_S)
+        code = server.exit_code(wait_s=_EXIT_WAIT_S if wait else 0.0)
         if code is not None:
             raise EngineError(f"the server exited with code {code} while answering {url} "
                               f"({type(e).__name__}){server.log_tail()}") from e
@@ -444,8 +446,9 @@ class OpenAIEngine:
                 raise EngineError(f"{url}: no answer within {self.request_timeout_s:g} s "
                                   f"({_option('request_timeout_s')}): {type(e).__name__}") from e
             except httpx.HTTPError as e:
-                self._raise_if_server_died(url, e)
-                if self._retry(e, attempt):
+                retry = self._retry(e, attempt)
+                self._raise_if_server_died(url, e, wait=not retry)  # no blocking wait in the loop while retrying
+                if retry:
                     await asyncio.sleep(self._backoff(attempt))
                     attempt += 1
                     continue
