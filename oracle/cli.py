@@ -339,15 +339,28 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
     if supervision.is_child():
         supervision.watch_parent()
     with signals.handled():
-        args = _parser().parse_args(argv)  # usage errors exit 2 here, with argparse's message
+        # A signal while the arguments are read is held and raised inside the `try` below, where
+        # `oracle run` still replaces an earlier run's report before it stops.
+        signals.hold()
+        try:
+            args = _parser().parse_args(argv)  # usage errors exit 2 here, with argparse's message
+        except BaseException:
+            signals.release(raise_held=False)
+            raise
         args.supervise, args.argv = supervise, argv
         try:
+            signals.release()
             return HANDLERS[args.command](args)
         except OracleError as e:
             _err(f"oracle: error: {e}")
             return e.exit_code
         except KeyboardInterrupt as e:
             where = getattr(e, "report_dir", None)
+            if where is None and args.command == "run":  # stopped before the run's guard was in place
+                from oracle.run_guard import replace_stale_report
+
+                replace_stale_report(args.config, args.report_dir, e)
+                where = getattr(e, "report_dir", None)
             told = f"the report in {where} says so" if where else "no report was written"
             _err(f"oracle: {signals.describe(e)}; stopped ({told})")
             return signals.exit_code_of(e)

@@ -83,24 +83,39 @@ def handled() -> Iterator[None]:
         restore(previous)
 
 
+def hold() -> None:
+    """Hold SIGINT/SIGTERM until the matching `release()` (nests)."""
+    global _defer_depth
+    _defer_depth += 1
+
+
+def release(raise_held: bool = True) -> None:
+    """End one `hold()`; at the outermost, raise the first signal held (unless `raise_held` is False or
+    the final report is written), else drop it."""
+    global _defer_depth
+    _defer_depth -= 1
+    if not _defer_depth and _pending:
+        signum = _pending[0]
+        _pending.clear()
+        if raise_held and not _settled:
+            raise Interrupted(signum)
+
+
 @contextmanager
 def deferred(raise_after: bool = True) -> Iterator[None]:
     """Hold SIGINT/SIGTERM until the block ends, then raise the first one held.
 
     With `raise_after=False` a signal held is dropped: for the final report, written when the work
-    is done (or already stopping), where raising would make the exit code disagree with it.
+    is done (or already stopping), where raising would make the exit code disagree with it. When the
+    block raises, its exception goes on and a signal held is dropped.
     """
-    global _defer_depth
-    _defer_depth += 1
+    hold()
     try:
         yield
-    finally:
-        _defer_depth -= 1
-    if not _defer_depth and _pending:
-        signum = _pending[0]
-        _pending.clear()
-        if raise_after and not _settled:
-            raise Interrupted(signum)
+    except BaseException:
+        release(raise_held=False)
+        raise
+    release(raise_after)
 
 
 _settled = False

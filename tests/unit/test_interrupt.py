@@ -113,3 +113,44 @@ def test_hanging_engine_hits_the_watchdog(fake_model: Path, tmp_path: Path) -> N
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["complete"] is False and report["exit_code"] == 3 and "engine.timeout_s" in report["error"]
     assert "partial report" in (tmp_path / "report" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("when", ["reading the arguments", "importing the config's modules"])
+def test_signal_before_the_run_is_guarded_replaces_a_stale_pass(fake_model: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """A SIGTERM in the first instants of `oracle run` (before the config is read): exit 143 and the
+    earlier run's pass is replaced by a report that says this one was interrupted."""
+    import builtins
+
+    from oracle import cli
+
+    report_dir = tmp_path / "report"
+    stale_pass(report_dir)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": str(fake_model), "engine": {"kind": "fake_engine:FakeEngine"},
+                                    "report_dir": str(report_dir)}))
+    if when == "reading the arguments":
+        parser = cli._parser
+
+        class Signalling:
+            def parse_args(self, argv: list[str] | None) -> Any:
+                os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the main thread
+                return parser().parse_args(argv)
+
+        monkeypatch.setattr(cli, "_parser", Signalling)
+    else:
+        real_import = builtins.__import__
+        sent: list[bool] = []
+
+        def signalling_import(name: str, *a: Any, **k: Any) -> Any:
+            if name == "oracle.config" and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives while `oracle run` imports its modules
+            return real_import(name, *a, **k)
+
+        monkeypatch.setattr(builtins, "__import__", signalling_import)
+    code = cli.main(["run", str(path)])
+    assert code == 143
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["complete"] is False and report["exit_code"] == 143, report
+    assert "SIGTERM" in report["error"]
