@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from oracle.contract import Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import Completion, Mode, Request, StepEvidence
 
 
 @dataclass

@@ -176,7 +176,7 @@ def _finish(rows: dict[str, Any], json_path: Path | None) -> int:
 
 def workload_requests(w: Workload, vocab_size: int) -> list[Any]:
     """The workload's requests: prompt lengths, token ids and output lengths drawn from `w.seed`."""
-    from oracle.contract import Request, SamplingParams
+    from oracle.engines.contract import Request, SamplingParams
 
     rng = random.Random(w.seed)
     out = []

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from oracle import signals
 from oracle.errors import ConfigError, OracleError
-from oracle.exit_trap import ExitCalled
+from oracle.lifecycle import signals
+from oracle.lifecycle.exit_trap import ExitCalled
 
 
 def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -44,8 +44,8 @@ def _err(line: str) -> None:
 
 
 def _shard(text: str) -> tuple[int, int]:
-    """An argparse type: `I/N` (oracle.shard.parse_shard), the error naming --shard."""
-    from oracle.shard import parse_shard
+    """An argparse type: `I/N` (oracle.shards.assign.parse_shard), the error naming --shard."""
+    from oracle.shards.assign import parse_shard
 
     try:
         return parse_shard(text)
@@ -153,9 +153,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from oracle import supervise
     from oracle.config import load_config
-    from oracle.run_guard import RunGuard, replace_stale_report
+    from oracle.lifecycle import supervise
+    from oracle.lifecycle.run_guard import RunGuard, replace_stale_report
 
     overrides: dict[str, object] = {}
     if args.trials is not None:
@@ -198,9 +198,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from oracle.merge import merge
     from oracle.render.console import ConsoleObserver, make_console, print_summary
     from oracle.render.files import write_formats
+    from oracle.shards.merge import merge
 
     console = make_console()
     report = merge(args.shards, args.report_dir, observer=ConsoleObserver(console), views=[write_formats],
@@ -312,7 +312,7 @@ def _config(args: argparse.Namespace) -> int:
         print(f"wrote the {name} example to {path}; run it with: oracle run {path}")
         return 0
     if args.config_command == "reference":
-        from oracle.config_reference import render_reference
+        from oracle.render.config_reference import render_reference
 
         print(render_reference(), end="")
         return 0
@@ -332,9 +332,9 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
     """Parse, run the subcommand's handler with SIGINT/SIGTERM routed to `Interrupted`, map errors to codes.
 
     `supervise`: `oracle run` runs in a child process and this one keeps the exit code true to the
-    report whatever the child does (see `oracle.supervise`); the console script and `python -m oracle`.
+    report whatever the child does (see `oracle.lifecycle.supervise`); the console script and `python -m oracle`.
     """
-    from oracle import supervise as supervision
+    from oracle.lifecycle import supervise as supervision
 
     if supervision.is_child():
         supervision.watch_parent()
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
         except KeyboardInterrupt as e:
             where = getattr(e, "report_dir", None)
             if where is None and args.command == "run":  # stopped before the run's guard was in place
-                from oracle.run_guard import replace_stale_report
+                from oracle.lifecycle.run_guard import replace_stale_report
 
                 replace_stale_report(args.config, args.report_dir, e)
                 where = getattr(e, "report_dir", None)
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
 
 def entry() -> None:
     """The console script `oracle` (and `python -m oracle`): `oracle run` is supervised."""
-    from oracle import supervise
+    from oracle.lifecycle import supervise
 
     code = main(supervise=True)
     if supervise.is_child():

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 
 
 def f32_bits(x: float) -> int:

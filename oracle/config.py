@@ -259,7 +259,7 @@ class ScheduleConfig(_Strict):
                                  description="guided search after the schedule: {trials: N}")
     probes: list[ProbeName] | Literal["all"] = Field(
         default_factory=list,
-        description="hazard probes added to the schedule (oracle.probes): fa3_packed_query, fa3_kv_128, "
+        description="hazard probes added to the schedule (oracle.posture.probes): fa3_packed_query, fa3_kv_128, "
                     "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block; all: every one that applies to the "
                     "engine; [] (default for now): none")
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from oracle.compare import Divergence, first_divergence, row_digest, step_of
-from oracle.contract import Completion, Engine, Mode, Request, RunSpec, SamplingParams, output_problem
+from oracle.engines.contract import Completion, Engine, Mode, Request, RunSpec, SamplingParams, output_problem
 from oracle.errors import ConfigError, EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
@@ -86,7 +86,7 @@ class ModeResult:
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
     """engine.generate with every failure turned into EngineError (exit 3).
 
-    Every completion is checked against its request (`oracle.contract.output_problem`): a NaN or
+    Every completion is checked against its request (`oracle.engines.contract.output_problem`): a NaN or
     infinite logprob or logits value, or fewer tokens than asked, is an engine error naming the mode,
     the request and the step. Outputs that are not numbers cannot be judged, so no check may read
     them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.

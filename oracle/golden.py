@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from oracle.config import Config
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 from oracle.errors import ConfigError
 
 FORMAT = "oracle-golden/1"

@@ -10,7 +10,7 @@ check reports as vacuous.
 from __future__ import annotations
 
 from oracle.config import EngineConfig
-from oracle.contract import Mode
+from oracle.engines.contract import Mode
 
 
 def instance_config(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:

@@ -19,9 +19,9 @@ import numpy as np
 
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
-from oracle.contract import Completion, Mode, StepEvidence
+from oracle.engines.contract import Completion, Mode, StepEvidence
 from oracle.execute import ModeResult
-from oracle.probes import probe_hits
+from oracle.posture.probes import probe_hits
 from oracle.prompts import Target
 from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord
 from oracle.schedule import Trial

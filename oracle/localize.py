@@ -1,6 +1,6 @@
 """Localize on an engine: name the op where a target's bits first moved (`oracle localize REPORT.json`).
 
-The engine captures itself (`Engine.capture(run, rows)`, oracle.contract) or, when its model runs
+The engine captures itself (`Engine.capture(run, rows)`, oracle.engines.contract) or, when its model runs
 in a worker process, localizes there (`Engine.localize(expected, actual, repro_dir)`, vLLM);
 `oracle.capture` holds the capture, the rule, the confirmation and the repro. This module is the
 entry the runner and the CLI use, beside `oracle.replay`.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.capture import LocalizedOp, localize_with
-from oracle.contract import Mode, Request, RunSpec
+from oracle.engines.contract import Mode, Request, RunSpec
 from oracle.errors import EngineError
 
 __all__ = ["LocalizedOp", "RunSpec", "can_localize", "localize_from_report", "localize_runs", "localize_trial"]
@@ -63,14 +63,14 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     Writes the one-op repro to `repro_dir` when given. Runs on a fresh engine in the mode the report's divergence for that trial was found in
     (invariant when the report holds none); ConfigError when the trial is not in the report,
     EngineError when the engine cannot be captured. Under the watchdog as `oracle run` is: the
-    engine's start, the captured runs and close each have their deadline (oracle.watchdog), so a
+    engine's start, the captured runs and close each have their deadline (oracle.lifecycle.watchdog), so a
     hang is an EngineError (exit 3) naming the phase.
     """
+    from oracle.lifecycle.watchdog import LOCALIZE_CALLS, start_engine
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
     from oracle.replay import find_trial, report_config
     from oracle.report import load_report
-    from oracle.watchdog import LOCALIZE_CALLS, start_engine
 
     report = load_report(report_path)
     config = report_config(report, report_path)

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from oracle.config import Config
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.schedule import Trial, filler_tokens
 
 if TYPE_CHECKING:
-    from oracle.shard import Shard
+    from oracle.shards.assign import Shard
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Plan:
     # Failing trials of earlier runs from the example database (oracle.example_db), run first in invariant
     # mode: ids after the schedule's.
     replayed: tuple[Trial, ...] = ()
-    # `oracle run --shard i/N`: `trials` holds this shard's slice of the schedule (oracle.shard).
+    # `oracle run --shard i/N`: `trials` holds this shard's slice of the schedule (oracle.shards.assign).
     shard: Shard | None = None
 
 
@@ -75,7 +75,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     from oracle.engines import check_engine_config, check_model_size
     from oracle.golden import golden_path, read_golden
     from oracle.models.context import check_context
-    from oracle.probes import make_probes
+    from oracle.posture.probes import make_probes
     from oracle.prompts import check_prompts, load_targets, vocab_size_of
     from oracle.schedule import draw_schedule
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from oracle.compare import Divergence, first_divergence
 from oracle.config import Config, parse_config
-from oracle.contract import Mode
+from oracle.engines.contract import Mode
 from oracle.errors import ConfigError
 from oracle.report import DivergenceRecord, Report, load_report
 from oracle.schedule import Trial
@@ -63,7 +63,7 @@ def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay
     if trial.target >= len(plan.targets):
         raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
                           f"{len(plan.targets)}")
-    from oracle.watchdog import start_engine
+    from oracle.lifecycle.watchdog import start_engine
 
     engine = start_engine(config.engine, model_dir, mode)  # under the watchdog, as `oracle run` is
     try:

@@ -220,14 +220,14 @@ class Report(_Model):
         """Record an exception that stopped the run: a signal (130/143), an OracleError (its code),
         or anything else (3), with the matching exit code."""
         from oracle.errors import OracleError
-        from oracle.signals import describe, exit_code_of
+        from oracle.lifecycle.signals import describe, exit_code_of
 
         if isinstance(e, KeyboardInterrupt):
             self.set_error(describe(e), exit_code_of(e))
         elif isinstance(e, OracleError):
             self.set_error(str(e), e.exit_code)
         elif isinstance(e, SystemExit):
-            # oracle.exit_trap.ExitCalled says which exit it was (os._exit); a plain one is sys.exit
+            # oracle.lifecycle.exit_trap.ExitCalled says which exit it was (os._exit); a plain one is sys.exit
             called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
             self.set_error(f"{called} was called during the run", EXIT_ENGINE)
         else:
@@ -266,7 +266,7 @@ class Report(_Model):
         so a signal arriving meanwhile is dropped rather than raised (raising then would make the
         exit code disagree with the report).
         """
-        from oracle.signals import deferred
+        from oracle.lifecycle.signals import deferred
 
         with deferred(raise_after=not final):
             report_dir.mkdir(parents=True, exist_ok=True)

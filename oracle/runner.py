@@ -21,7 +21,7 @@ from typing import Any
 
 from oracle import __version__
 from oracle.config import Config
-from oracle.contract import Completion, Engine, Mode
+from oracle.engines.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
@@ -39,7 +39,7 @@ def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
     picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
     from oracle.instances import instance_config
-    from oracle.watchdog import start_engine
+    from oracle.lifecycle.watchdog import start_engine
 
     return lambda mode: start_engine(instance_config(plan.config.engine, mode, instance), plan.model_dir, mode)
 
@@ -52,14 +52,14 @@ class OpLocalizer:
         self.repro_dir = repro_dir
 
     def can_localize(self, engine: Engine) -> bool:
+        from oracle.lifecycle.watchdog import GuardedEngine
         from oracle.localize import can_localize
-        from oracle.watchdog import GuardedEngine
 
         return can_localize(engine.engine if isinstance(engine, GuardedEngine) else engine)
 
     def localize(self, engine: Engine, expected: RunSpec, actual: RunSpec) -> Any:
+        from oracle.lifecycle.watchdog import GuardedEngine
         from oracle.localize import localize_runs
-        from oracle.watchdog import GuardedEngine
 
         def capture(inner: Any) -> Any:
             found = localize_runs(inner, expected, actual, self.repro_dir)
@@ -81,7 +81,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     `example_db`: a folder of failing trials of earlier runs (oracle.example_db), replayed before the
     schedule and updated afterwards; none is read or written without it. `shard` (index, count): run
     only that slice of the schedule and write its results beside the report for `oracle merge`
-    (oracle.shard)."""
+    (oracle.shards.assign)."""
     from oracle.example_db import ExampleDB
 
     observer = observer or Observer()
@@ -91,7 +91,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     if db is not None:
         plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials)))
     if shard is not None:
-        from oracle.shard import slice_plan
+        from oracle.shards.assign import slice_plan
 
         plan = slice_plan(plan, *shard)
     observer.seed(plan.seed)
@@ -135,7 +135,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         if db is not None:
             update_db(db, plan, results.get("invariant"), report)
         if plan.shard is not None:
-            from oracle.shard_results import save_results
+            from oracle.shards.results import save_results
 
             save_results(out_dir, plan.shard, plan.seed, report.config_digest, report.oracle_version, plan.targets,
                          results)
@@ -197,8 +197,8 @@ def _hazard_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def declared_hazards(plan: Plan) -> list[str]:
     """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches."""
-    from oracle.hazards import match_hazards, warning_lines
     from oracle.posture import declared_posture
+    from oracle.posture.hazards import match_hazards, warning_lines
 
     model, sampling = _hazard_inputs(plan)
     return warning_lines(match_hazards(declared_posture(plan.config.engine, "invariant"), model, sampling))
@@ -207,7 +207,7 @@ def declared_hazards(plan: Plan) -> list[str]:
 def record_posture(plan: Plan, report: Report) -> None:
     """The engines' posture and digest into the environment; the hazards the invariant posture matches, each
     cited on every invariant-mode divergence (`evidence.known_hazards`)."""
-    from oracle.hazards import match_hazards
+    from oracle.posture.hazards import match_hazards
 
     posture = report.environment.get("posture")
     if not isinstance(posture, dict):
@@ -241,8 +241,8 @@ def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> No
 def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:
     """Run the invariant solo references only and write them, with the environment, to `golden_file`."""
     from oracle.golden import make_golden, write_golden
+    from oracle.lifecycle.watchdog import start_engine
     from oracle.posture import report_posture
-    from oracle.watchdog import start_engine
 
     observer = observer or Observer()
     plan = plan_run(config.model_copy(update={"checks": config.checks.model_copy(

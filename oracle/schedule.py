@@ -65,7 +65,7 @@ class Trial:
     max_num_batched_tokens: int | None = None
     origin: Origin = "schedule"
     parent: int | None = None
-    probe: str = ""  # a hazard probe's stratum and side (oracle.probes), `fa3_kv_256:above`; "" for a drawn trial
+    probe: str = ""  # a hazard probe's stratum and side (oracle.posture.probes), `fa3_kv_256:above`; "" for a drawn trial
 
     @property
     def batch_size(self) -> int:

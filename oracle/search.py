@@ -30,7 +30,7 @@ from typing import Any
 
 from oracle.compare import Divergence
 from oracle.config import ScheduleConfig
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 from oracle.schedule import Filler, Trial
 
 # A search trial -> the target's completion and its first divergence from the solo run (None: equal).

@@ -2,7 +2,7 @@
 
 An engine that runs its model in our process (or in its worker) implements one method,
 `capture(run: RunSpec, rows: RowCapture) -> Completion`: it runs `run` with `rows` active on each
-forward pass it makes for the target (see `oracle.contract.Capturable`). `localize_with` does the
+forward pass it makes for the target (see `oracle.engines.contract.Capturable`). `localize_with` does the
 rest for any engine: both runs captured, the rule applied, the named op run again alone on each
 run's captured inputs (confirmation), and `repro/` written.
 """
@@ -17,7 +17,7 @@ import torch
 
 from oracle.capture.rows import Captured, Grid, OpCall, PassLayout, RowCapture, Snapshot, select_rows
 from oracle.capture.rules import Finding, LocalizedOp, bitwise_equal, localize_captured, ulp_distance
-from oracle.contract import Completion, RunSpec
+from oracle.engines.contract import Completion, RunSpec
 
 __all__ = ["Captured", "Finding", "Grid", "LocalizedOp", "OpCall", "PassLayout", "RowCapture", "Snapshot",
            "localize_captured", "localize_with", "select_rows"]

@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from oracle.capture.copies import BLOCK_TABLE_ARGS, clone_inputs, named_args
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 
 # (module path, op label, occurrence of that op in that module within its pass)
 OpKey = tuple[str, str, int]

@@ -6,7 +6,7 @@ and the config file's folder come first on `sys.path`.
 
 `build_engine` bounds the whole start (preload imports, the constructor: model load, a vLLM
 worker's handshake, a started server and the first probe of a server) by the watchdog's start
-deadline (`oracle.watchdog.start_timeout`), so an engine that never finishes starting is an
+deadline (`oracle.lifecycle.watchdog.start_timeout`), so an engine that never finishes starting is an
 `EngineError` naming the phase, never a hang.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from oracle.config import EngineConfig
-from oracle.contract import Engine, Mode
+from oracle.engines.contract import Engine, Mode
 from oracle.errors import ConfigError, EngineError, OracleError
 
 if TYPE_CHECKING:
-    from oracle.watchdog import Worker
+    from oracle.lifecycle.watchdog import Worker
 
 BUILTIN = ("native", "vllm", "openai", "transformers")
 # Engines that run the model themselves and so need its weights; the others need config.json only.
@@ -208,7 +208,7 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Work
     abandoned and that finishes starting later is closed at once, so a server or worker it started
     does not outlive the run's error.
     """
-    from oracle.watchdog import call, start_timeout
+    from oracle.lifecycle.watchdog import call, start_timeout
 
     timeout, limit = start_timeout(cfg)
     given_up = threading.Event()

@@ -1,4 +1,4 @@
-"""The engine contract under its older import path, for engines written against it (`oracle.contract`)."""
+"""The engine contract under its older import path, for engines written against it (`oracle.engines.contract`)."""
 
-from oracle.contract import *  # noqa: F403
-from oracle.contract import __all__ as __all__  # noqa: F401
+from oracle.engines.contract import *  # noqa: F403
+from oracle.engines.contract import __all__ as __all__  # noqa: F401

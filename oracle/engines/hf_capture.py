@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from oracle.capture.rows import Grid, PassLayout, RowCapture
-from oracle.contract import Completion, RunSpec
+from oracle.engines.contract import Completion, RunSpec
 
 
 def hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:

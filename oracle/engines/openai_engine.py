@@ -60,9 +60,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle import tether
-from oracle.contract import MODES, Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import MODES, Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
+from oracle.lifecycle import tether
 
 HOST = "127.0.0.1"
 EVIDENCE = ("client-side concurrency: num_seqs is the most requests in flight at once during the "
@@ -183,7 +183,7 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
 
 
 class OpenAIEngine:
-    """Implements `oracle.contract.Engine` over an OpenAI-compatible HTTP server."""
+    """Implements `oracle.engines.contract.Engine` over an OpenAI-compatible HTTP server."""
 
     def __init__(
         self,

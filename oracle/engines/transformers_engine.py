@@ -28,7 +28,7 @@ from typing import Any
 import oracle_kernels
 import torch
 
-from oracle.contract import Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import Completion, Mode, Request, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.engines.native.sampler import choose, request_generator
 from oracle.engines.transformers_packed import Packing, SequenceCache, packed
@@ -58,7 +58,7 @@ class _Running:
 
 
 class TransformersEngine:
-    """Implements `oracle.contract.Engine` over a transformers `AutoModelForCausalLM`."""
+    """Implements `oracle.engines.contract.Engine` over a transformers `AutoModelForCausalLM`."""
 
     def __init__(self, model: Path, mode: Mode, *, device: str = "cpu", dtype: str = "float32",
                  attn_implementation: str = "eager", num_threads: int | None = None) -> None:

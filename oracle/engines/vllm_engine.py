@@ -37,14 +37,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oracle import tether
-from oracle.contract import MODES, Completion, Mode, Request
+from oracle.engines.contract import MODES, Completion, Mode, Request
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
+from oracle.lifecycle import tether
 
 if TYPE_CHECKING:
     from oracle.capture.rules import LocalizedOp
-    from oracle.contract import RunSpec
+    from oracle.engines.contract import RunSpec
 
 INVARIANCE = {
     "oracle_kernels": "oracle_kernels in the worker (torch.library overrides; linear layers moved from "
@@ -76,7 +76,7 @@ def _option(name: str) -> str:
 
 
 class VllmEngine:
-    """Implements `oracle.contract.Engine` over a vLLM worker process."""
+    """Implements `oracle.engines.contract.Engine` over a vLLM worker process."""
 
     def __init__(
         self,

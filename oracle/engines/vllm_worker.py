@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.contract import Completion, Request, SamplingParams, StepEvidence
+from oracle.engines.contract import Completion, Request, SamplingParams, StepEvidence
 
 _AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
 
@@ -435,7 +435,7 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
     import torch
 
     from oracle.capture.rows import RowCapture
-    from oracle.contract import RunSpec
+    from oracle.engines.contract import RunSpec
 
     model = _find_model(engine)
     stack: list[str] = []

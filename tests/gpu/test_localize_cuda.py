@@ -12,7 +12,7 @@ import pytest
 import torch
 from planted import PlantedEngine
 
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.localize import localize_trial
 
 pytestmark = [

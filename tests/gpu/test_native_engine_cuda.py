@@ -18,7 +18,7 @@ import torch
 from native_batches import SAMPLING, batch_around_target, solo
 
 from oracle.compare import first_divergence
-from oracle.contract import Completion, Request
+from oracle.engines.contract import Completion, Request
 from oracle.engines.native import NativeEngine
 
 pytestmark = [

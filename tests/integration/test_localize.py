@@ -10,7 +10,7 @@ from planted import PlantedEngine
 
 from oracle.capture import capture_run, localize_captured
 from oracle.compare import first_divergence
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
 from oracle.localize import LocalizedOp, RunSpec, localize_runs, localize_trial

@@ -16,7 +16,7 @@ from planted import PlantedEngine
 from planted_ops import planted_decoder
 
 from oracle.compare import first_divergence
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
 from oracle.localize import RunSpec, localize_runs, localize_trial

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oracle.config import parse_config
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.errors import ModelError
 from oracle.models.architectures import native_layout_problem

@@ -10,7 +10,7 @@ import pytest
 from native_batches import TARGET, batch_around_target, solo
 
 from oracle.compare import first_divergence
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 
 

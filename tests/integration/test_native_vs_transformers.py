@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 
 transformers = pytest.importorskip("transformers")

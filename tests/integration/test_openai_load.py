@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 
 N = 256
 

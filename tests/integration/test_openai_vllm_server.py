@@ -17,7 +17,7 @@ import yaml
 
 pytest.importorskip("vllm")
 
-from oracle.contract import Request, SamplingParams  # noqa: E402
+from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.openai_engine import OpenAIEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow

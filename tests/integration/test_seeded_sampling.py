@@ -12,7 +12,7 @@ import yaml
 
 from oracle.compare import first_divergence
 from oracle.config import parse_config
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.report import Report
 from oracle.runner import run

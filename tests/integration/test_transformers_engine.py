@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oracle.compare import first_divergence
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 
 pytest.importorskip("transformers")

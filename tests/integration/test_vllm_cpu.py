@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
 from oracle.config import parse_config  # noqa: E402
-from oracle.contract import Request, SamplingParams  # noqa: E402
+from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.native import NativeEngine  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
 from oracle.errors import ConfigError, EngineError  # noqa: E402
@@ -100,7 +100,7 @@ def test_a_dead_or_hung_worker_is_an_engine_error(small_qwen3: Path, how: str) -
                         audit=False, timeout_s=5)
     worker = engine._live()
     try:
-        # The worker runs under its tether (oracle.tether): signal the worker itself, the tether's child.
+        # The worker runs under its tether (oracle.lifecycle.tether): signal the worker itself, the tether's child.
         child = int(Path(f"/proc/{worker.proc.pid}/task/{worker.proc.pid}/children").read_text().split()[0])
         os.kill(child, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         with pytest.raises(EngineError, match="died" if how == "killed" else "no answer"):

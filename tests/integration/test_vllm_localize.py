@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
-from oracle.contract import Request, SamplingParams  # noqa: E402
+from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
 from oracle.localize import localize_trial  # noqa: E402
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.contract import Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import Completion, Mode, Request, StepEvidence
 
 
 def _value(prompt: tuple[int, ...], step: int) -> tuple[int, float]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from fake_engine import FakeEngine
 
-from oracle.contract import Completion, Mode, Request
+from oracle.engines.contract import Completion, Mode, Request
 
 
 def _row(prompt: tuple[int, ...], step: int, vocab: int) -> Any:

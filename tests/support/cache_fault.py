@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.contract import Completion, Mode, Request
+from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.native import NativeEngine
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from fake_engine import FakeEngine
 
-from oracle.contract import Completion, Mode, Request
+from oracle.engines.contract import Completion, Mode, Request
 
 RELEASE = threading.Event()
 CLOSED_AFTER_RELEASE: list[str] = []  # modes of engines closed once a hang was released

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from oracle.contract import Completion, Engine, Request, SamplingParams
+from oracle.engines.contract import Completion, Engine, Request, SamplingParams
 
 SAMPLING = SamplingParams(max_tokens=8, logits="full")
 TARGET = tuple(random.Random(1).randrange(512) for _ in range(41))

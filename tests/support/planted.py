@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from oracle.contract import Completion, Mode
+from oracle.engines.contract import Completion, Mode
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
 from oracle.engines.transformers_engine import TransformersEngine

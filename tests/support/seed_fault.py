@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from oracle.contract import Completion, Mode, Request
+from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.native import NativeEngine
 
 

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from oracle.config import parse_config
-from oracle.github_action import command, escape_data, escape_property
 from oracle.render.files import write_formats
+from oracle.render.github import command, escape_data, escape_property
 from oracle.runner import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -403,7 +403,7 @@ def test_workflow_command_escaping() -> None:
 
 
 def _annotate(report_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
-    from oracle.github_action import main as action_main
+    from oracle.render.github import main as action_main
 
     out = tmp_path / "github_output"
     monkeypatch.setenv("GITHUB_OUTPUT", str(out))

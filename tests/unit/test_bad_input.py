@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from oracle.cli import main
-from oracle.github_action import main as action_main
 from oracle.prompts import MAX_PROMPTS_BYTES
+from oracle.render.github import main as action_main
 
 
 def config_text(model: Path, prompts: str, engine: bool = True) -> str:

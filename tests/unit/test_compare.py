@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from oracle.compare import first_divergence, ulp_distance
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 
 
 def test_ulp_distance() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oracle.cli import main
-from oracle.config_reference import render_reference
+from oracle.render.config_reference import render_reference
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 

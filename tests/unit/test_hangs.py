@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from oracle.config import EngineConfig
-from oracle.watchdog import START_GRACE_S, start_timeout
+from oracle.lifecycle.watchdog import START_GRACE_S, start_timeout
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 HANG_GUARD_S = 120  # only ever reached when a hang is not bounded (the bug these tests catch)

@@ -1,4 +1,4 @@
-"""Known hazards (oracle/hazards.yaml) matched to a posture and model; posture digests in reports and golden files."""
+"""Known hazards (oracle/posture/hazards.yaml) matched to a posture and model; posture digests in reports and golden files."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from oracle.cli import main
 from oracle.config import parse_config
 from oracle.golden import make_golden
-from oracle.hazards import load_hazards, match_hazards, version_in
 from oracle.plan import plan_run
 from oracle.posture import FIELDS, UNKNOWN, posture_digest, posture_of
+from oracle.posture.hazards import load_hazards, match_hazards, version_in
 from oracle.render.markdown import render_markdown
 from oracle.runner import declared_hazards, run
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from oracle.cli import main
-from oracle.github_action import main as action_main
 from oracle.render.files import render_formats, write_formats
+from oracle.render.github import main as action_main
 from oracle.report import CheckResult, Report
 
 NASTY = "boom\x00\x01\x08\x0b\x0c\x1b[31mred\x1b[0m\x7f\x85\x9b\u202e\ud800 <tag> & \"q\" | `code` ]]> \r\n2nd line"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from oracle.capture import Captured, Grid, LocalizedOp, OpCall, PassLayout, RowCapture, localize_captured
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 
 DONE = Completion("t", [1], [0.0])
 

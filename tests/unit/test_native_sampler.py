@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from oracle.contract import SamplingParams
+from oracle.engines.contract import SamplingParams
 from oracle.engines.native.sampler import fingerprint, sample_rows
 
 VOCAB = 300

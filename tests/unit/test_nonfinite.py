@@ -15,7 +15,7 @@ import yaml
 from oracle.cli import main
 from oracle.compare import first_divergence, row_digest
 from oracle.config import parse_config
-from oracle.contract import Completion, Request, SamplingParams, output_problem
+from oracle.engines.contract import Completion, Request, SamplingParams, output_problem
 from oracle.execute import ModeExecution, ModeResult, keep_rows
 from oracle.judge import Runs, fidelity, within
 from oracle.observer import Observer

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from oracle.contract import Request, SamplingParams
+from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.openai_engine import OpenAIEngine, topk_digest  # imports httpx only when built
 from oracle.errors import ConfigError, EngineError
 

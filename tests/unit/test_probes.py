@@ -1,4 +1,4 @@
-"""Hazard probes (oracle.probes): trials on each side of a known threshold, made from the seed, the
+"""Hazard probes (oracle.posture.probes): trials on each side of a known threshold, made from the seed, the
 engine's config and the model.
 
 The planted fault (tests/support/fa3_engine.py) is FA3's break: invariant mode diverges only where a
@@ -17,7 +17,7 @@ import pytest
 
 from oracle.config import ProbeName, parse_config
 from oracle.plan import plan_run
-from oracle.probes import PROBES
+from oracle.posture.probes import PROBES
 from oracle.runner import run
 
 

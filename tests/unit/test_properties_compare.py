@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from oracle.compare import f32_bits, first_divergence, same_logprob, ulp_distance
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 
 F32 = st.floats(width=32, allow_nan=False)
 ANY_F32 = st.integers(0, 2**32 - 1).map(lambda b: struct.unpack("<f", struct.pack("<I", b))[0])

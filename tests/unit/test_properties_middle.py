@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oracle.config import ScheduleConfig, parse_config
-from oracle.contract import Completion, StepEvidence
+from oracle.engines.contract import Completion, StepEvidence
 from oracle.execute import ModeResult
 from oracle.judge import Runs, coverage, invariance
 from oracle.prompts import Target
@@ -135,7 +135,7 @@ def test_shards_deal_every_trial_exactly_once_in_balance(lengths: list[tuple[int
                                                          max_tokens: int) -> None:
     """Over drawn schedules and shard counts: the shards partition the trial ids (merged = the whole schedule),
     each shard's load is within one trial's cost of every other's, and the deal is a function of the schedule."""
-    from oracle.shard import assign, trial_cost
+    from oracle.shards.assign import assign, trial_cost
 
     targets = (Target("t", (1, 2, 3)),)
     trials = [Trial(i, 0, 0, 0, tuple(Filler(i * 10 + j, n, 2, 0) for j in range(f))) for i, (f, n) in enumerate(lengths)]

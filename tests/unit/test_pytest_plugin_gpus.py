@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from oracle import pytest_plugin
-from oracle.pytest_plugin_gpus import ENV, visible_devices, worker_device
-from oracle.pytest_plugin_runs import STATE, SessionState
+from oracle.pytest_plugin.gpus import ENV, visible_devices, worker_device
+from oracle.pytest_plugin.runs import STATE, SessionState
 
 
 def _none() -> int:

@@ -23,7 +23,7 @@ import yaml
 
 from oracle.cli import main as oracle_main
 from oracle.config import ScheduleConfig, parse_config
-from oracle.contract import Completion, StepEvidence
+from oracle.engines.contract import Completion, StepEvidence
 from oracle.runner import run
 from oracle.schedule import Trial
 from oracle.search import run_search, shape, split_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle.contract import SamplingParams
+from oracle.engines.contract import SamplingParams
 from oracle.engines.native.sampler import sample_rows, truncate
 
 VOCAB = 50

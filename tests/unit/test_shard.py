@@ -15,13 +15,13 @@ import pytest
 from oracle.cli import main
 from oracle.config import parse_config
 from oracle.errors import ConfigError
-from oracle.merge import merge
 from oracle.prompts import Target
 from oracle.render.files import write_formats
 from oracle.runner import run
 from oracle.schedule import Filler, Trial
-from oracle.shard import assign, parse_shard, trial_cost
-from oracle.shard_results import RESULTS_FILE
+from oracle.shards.assign import assign, parse_shard, trial_cost
+from oracle.shards.merge import merge
+from oracle.shards.results import RESULTS_FILE
 
 SUPPORT = Path(__file__).parents[1] / "support"
 # What a merged report must share with the unsharded one (timings, environment and the shard record differ).

@@ -104,7 +104,7 @@ def test_sigkill_of_oracle_run_takes_the_run_and_its_server_with_it(fake_model: 
     pids = tmp_path / "pids"
     (tmp_path / "holder.py").write_text(
         "import os, threading\n"
-        "from oracle import tether\n"
+        "from oracle.lifecycle import tether\n"
         "server = tether.popen(['sleep', '600'])\n"
         f"open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{server.pid}}')\n"
         f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r})\n"
@@ -134,7 +134,7 @@ def _wait_until(ready: Any, what: str, limit: float = 120) -> None:
 
 
 def test_a_tethered_process_exits_with_its_own_code(tmp_path: Path) -> None:
-    from oracle import tether
+    from oracle.lifecycle import tether
 
     proc = tether.popen(["sh", "-c", "exit 7"])
     assert proc.wait() == 7
@@ -196,8 +196,8 @@ def test_config_error_replaces_an_earlier_report(tmp_path: Path) -> None:
 
 
 def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path) -> None:
-    from oracle.run_guard import replace_stale_report
-    from oracle.signals import Interrupted
+    from oracle.lifecycle.run_guard import replace_stale_report
+    from oracle.lifecycle.signals import Interrupted
 
     stale_pass(tmp_path / "report")
     e = Interrupted(signal.SIGTERM)
@@ -212,7 +212,7 @@ def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path
 
 def test_a_tethered_process_gets_the_descriptors_passed_to_it(tmp_path: Path) -> None:
     """The vLLM worker talks over a socket whose descriptor is passed: the tether hands it on."""
-    from oracle import tether
+    from oracle.lifecycle import tether
 
     read_end, write_end = os.pipe()
     try:
@@ -227,7 +227,7 @@ def test_a_tethered_process_gets_the_descriptors_passed_to_it(tmp_path: Path) ->
 
 
 def test_the_child_exits_with_its_code_after_exit_handlers_and_flushed_output() -> None:
-    code = ("import atexit\nfrom oracle.supervise import exit_child\n"
+    code = ("import atexit\nfrom oracle.lifecycle.supervise import exit_child\n"
             "atexit.register(lambda: print('handler ran'))\n"
             "print('buffered', end='')\nexit_child(7)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -9,7 +9,7 @@ from hand_report import divergence, hand_report
 from rich.console import Console
 
 from oracle.compare import first_divergence
-from oracle.contract import Completion
+from oracle.engines.contract import Completion
 from oracle.render.console import print_summary
 from oracle.render.html import render_html, ulp_histogram
 from oracle.render.junit import render_junit

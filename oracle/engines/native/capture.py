@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from oracle.capture.rows import Grid, PassLayout, RowCapture
-from oracle.contract import Completion, RunSpec
+from oracle.engines.contract import Completion, RunSpec
 
 if TYPE_CHECKING:
     from oracle.engines.native.engine import NativeEngine

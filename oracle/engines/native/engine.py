@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import oracle_kernels
 import torch
 
-from oracle.contract import Completion, Mode, Request, RunSpec, StepEvidence
+from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
@@ -86,7 +86,7 @@ def pass_evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list
 
 
 class NativeEngine:
-    """Implements `oracle.contract.Engine` in this process."""
+    """Implements `oracle.engines.contract.Engine` in this process."""
 
     def __init__(
         self,

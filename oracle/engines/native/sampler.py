@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from oracle.contract import SamplingParams
+from oracle.engines.contract import SamplingParams
 
 FINGERPRINT_LANES = 4
 _FINGERPRINT_SEED = 0x5EED_D16E

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from oracle.errors import EngineError, OracleError
-from oracle.exit_trap import ENGINE_THREAD
+from oracle.lifecycle.exit_trap import ENGINE_THREAD
 
 if TYPE_CHECKING:
     from oracle.config import EngineConfig
-    from oracle.contract import Completion, Mode, Request
+    from oracle.engines.contract import Completion, Mode, Request
 
 T = TypeVar("T")
 CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
@@ -69,7 +69,7 @@ def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
     if isinstance(e, OracleError):
         return e
-    if isinstance(e, SystemExit):  # oracle.exit_trap.ExitCalled names its os._exit
+    if isinstance(e, SystemExit):  # oracle.lifecycle.exit_trap.ExitCalled names its os._exit
         called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
         return EngineError(f"engine called {called} in {what}")
     where = "" if what == "generate" else f" in {what}"  # generate's wording is the runner's own

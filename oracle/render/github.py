@@ -1,6 +1,6 @@
 """The GitHub Action's helpers (`.github/actions/oracle`): annotations, step outputs, the cache key.
 
-    python -m oracle.github_action annotate REPORT_DIR [--exit-code N] [--config PATH]
+    python -m oracle.render.github annotate REPORT_DIR [--exit-code N] [--config PATH]
 
 `annotate` reads REPORT_DIR/report.json and prints one `::error` workflow command per required
 check that failed, was vacuous or errored (`::warning` for a check at `warn`), plus one for an
@@ -137,7 +137,7 @@ def write_outputs(outputs: dict[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m oracle.github_action", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oracle.render.github", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("annotate", help="annotations and step outputs from REPORT_DIR/report.json")
     a.add_argument("report_dir", type=Path)

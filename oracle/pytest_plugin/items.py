@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from oracle.errors import OracleError
-from oracle.pytest_plugin_failure import describe_failure, is_bad
-from oracle.pytest_plugin_runs import STATE, OracleSession, OracleWarning
+from oracle.pytest_plugin.failure import describe_failure, is_bad
+from oracle.pytest_plugin.runs import STATE, OracleSession, OracleWarning
 
 if TYPE_CHECKING:
     from oracle.config import Config

@@ -5,7 +5,7 @@ worker reads its `VllmConfig` after start) put them under `describe()["posture"]
 turns either into one flat record with the same keys for every engine, every setting it could not
 read marked `"unknown"`, so two reports (or a report and a golden file) compare key by key.
 `declared_posture` is the same record made from the config before any engine starts, for the
-known-hazard warning (`oracle.hazards`); it marks what only the engine knows as unknown.
+known-hazard warning (`oracle.posture.hazards`); it marks what only the engine knows as unknown.
 """
 
 from __future__ import annotations

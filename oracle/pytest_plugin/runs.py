@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from oracle.errors import OracleError
-from oracle.pytest_plugin_failure import describe_failure, is_bad
+from oracle.pytest_plugin.failure import describe_failure, is_bad
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -240,9 +240,9 @@ class OracleSession:
     def run_config(self, config: Config, label: str, source: str, *, seed: int | None = None,
                    run_dir: Path | None = None, warn: bool = True) -> tuple[Report, Path]:
         """Run a parsed config into a fresh report folder; record it for the summary. Raises OracleError."""
+        from oracle.lifecycle.run_guard import RunGuard
         from oracle.render.files import write_formats
         from oracle.render.verdict import headline, shown_verdict
-        from oracle.run_guard import RunGuard
         from oracle.runner import run
 
         run_dir = run_dir or self._run_dir(label)

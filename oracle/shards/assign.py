@@ -13,7 +13,7 @@ What a shard runs (oracle.execute reads `Plan.shard`):
   `repeat_trials`);
 - shard 0 alone: the per-target checks (prefill_decode, prefix_cache);
 - no shrinking and no localization of invariance failures: `oracle merge` runs those once, for the
-  run's first failing trial (oracle.merge says why).
+  run's first failing trial (oracle.shards.merge says why).
 
 Indexes are 0-based (`--shard 0/4` .. `--shard 3/4`), as Kubernetes' JOB_COMPLETION_INDEX and a
 Ray task's index are.

@@ -1,6 +1,6 @@
 """Start a server or worker process that dies with the process that started it, however that one ends.
 
-`popen(argv, ...)` runs `python -m oracle.tether FD KEEP -- ARGV...` (KEEP: the caller's `pass_fds`,
+`popen(argv, ...)` runs `python -m oracle.lifecycle.tether FD KEEP -- ARGV...` (KEEP: the caller's `pass_fds`,
 handed on to ARGV): a small process that leads a new
 session, starts ARGV in it and waits. It holds the read end of a pipe whose write end only the
 starter holds; when the starter dies (exit, crash, SIGKILL) the pipe closes and the tether kills
@@ -42,7 +42,7 @@ def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     keep = ",".join(str(fd) for fd in theirs)
     try:
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            [*python(), "-m", "oracle.tether", str(read_end), keep, "--", *argv],
+            [*python(), "-m", "oracle.lifecycle.tether", str(read_end), keep, "--", *argv],
             pass_fds=(*theirs, read_end), start_new_session=True, **kwargs)
     except BaseException:
         os.close(write_end)

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from oracle.pytest_plugin_items import OracleFile, is_oracle_config
-from oracle.pytest_plugin_runs import (
+from oracle.pytest_plugin.items import OracleFile, is_oracle_config
+from oracle.pytest_plugin.runs import (
     MARKER_HELP,
     STATE,
     USER_PROPERTY,
@@ -125,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if isinstance(device, str):  # an xdist worker: its one GPU, set before any test imports torch
         import os
 
-        from oracle.pytest_plugin_gpus import ENV
+        from oracle.pytest_plugin.gpus import ENV
 
         os.environ[ENV] = device
     seed, forced, source = _session_seed(config)
@@ -156,7 +156,7 @@ def pytest_configure_node(node: Any) -> None:
     if node.config.getoption("oracle_gpu_per_worker") == "auto":
         import os
 
-        from oracle.pytest_plugin_gpus import visible_devices, worker_device
+        from oracle.pytest_plugin.gpus import visible_devices, worker_device
 
         devices = state.devices if state.devices is not None else visible_devices(os.environ)
         state.devices = devices  # listed once per session, on the controller

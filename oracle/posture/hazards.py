@@ -1,4 +1,4 @@
-"""Known hazards: upstream breaks of batch invariance (oracle/hazards.yaml), matched to a run's posture and model.
+"""Known hazards: upstream breaks of batch invariance (hazards.yaml beside this module), matched to a run's posture and model.
 
 A hazard matches when its engine and version range hold and every condition of `when` holds on the
 invariant mode's posture (where invariance is claimed), the model's facts and the sampling. A
@@ -60,7 +60,7 @@ class HazardMatch:
 def load_hazards(text: str | None = None) -> tuple[Hazard, ...]:
     """The shipped hazards file (or `text`, a YAML list of the same entries)."""
     if text is None:
-        text = resources.files("oracle").joinpath("hazards.yaml").read_text(encoding="utf-8")
+        text = resources.files("oracle.posture").joinpath("hazards.yaml").read_text(encoding="utf-8")
     raw = yaml.safe_load(text)
     if not isinstance(raw, list):
         raise ConfigError("hazards.yaml: expected a list of hazards")

@@ -9,7 +9,7 @@ The report and the exit code always agree, whichever came first.
 The parent imports neither torch nor an engine. It forwards SIGINT and SIGTERM to the child (which
 writes its partial report) and tethers the child to itself through a pipe: when the parent dies,
 even by SIGKILL, the pipe closes and the child kills its own process group, and every server or
-worker the child started is tethered to the child the same way (`oracle.tether`).
+worker the child started is tethered to the child the same way (`oracle.lifecycle.tether`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from oracle.tether import die_with, python
+from oracle.lifecycle.tether import die_with, python
 
 if TYPE_CHECKING:  # the report and its views are imported where used: every `oracle` command imports this module
     from oracle.report import Report

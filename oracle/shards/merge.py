@@ -1,6 +1,6 @@
 """`oracle merge DIR... --report-dir OUT`: the shards of one run -> the report the unsharded run gives.
 
-Every shard folder holds a report.json and its raw results (oracle.shard_results). The merge checks
+Every shard folder holds a report.json and its raw results (oracle.shards.results). The merge checks
 that they are the whole of one run, or stops with a ConfigError (exit 2) naming the folder: a shard
 missing, twice, partial (its run stopped, its results file damaged or short of trials), or of another
 run (oracle version, seed, config digest, shard count, schedule or targets differ), or whose solo
@@ -30,7 +30,7 @@ from typing import Any
 
 from oracle.compare import first_divergence
 from oracle.config import Config, parse_config
-from oracle.contract import Completion, Mode
+from oracle.engines.contract import Completion, Mode
 from oracle.errors import ConfigError, EngineError
 from oracle.execute import ModeResult
 from oracle.observer import Observer
@@ -38,8 +38,8 @@ from oracle.plan import Plan
 from oracle.report import Report, load_report
 from oracle.runner import View, finish, timed_views
 from oracle.schedule import Trial
-from oracle.shard import assign
-from oracle.shard_results import ShardResults, load_results
+from oracle.shards.assign import assign
+from oracle.shards.results import ShardResults, load_results
 
 
 def _load(folder: Path) -> tuple[Report, ShardResults]:

@@ -19,10 +19,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from oracle import __version__, signals
+from oracle import __version__
 from oracle.config import Config
 from oracle.errors import ConfigError
-from oracle.exit_trap import trapped
+from oracle.lifecycle import signals
+from oracle.lifecycle.exit_trap import trapped
 from oracle.plan import draw_seed
 from oracle.render.escape import terminal_text
 from oracle.render.files import report_dir_problem, report_is, stamp_of, write_report, write_started

@@ -20,7 +20,7 @@ from oracle.errors import EngineError
 
 EXIT_ENGINE = EngineError.exit_code  # 3
 
-# The watchdog runs engine calls on a thread of this name (oracle.watchdog).
+# The watchdog runs engine calls on a thread of this name (oracle.lifecycle.watchdog).
 ENGINE_THREAD = "oracle-engine"
 
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from oracle.contract import Completion, Mode, StepEvidence
+from oracle.engines.contract import Completion, Mode, StepEvidence
 from oracle.errors import ConfigError
 from oracle.execute import InstanceRun, ModeResult, SampledRound
 from oracle.prompts import Target
 from oracle.report import write_atomic_with
 from oracle.schedule import Trial
-from oracle.shard import Shard
+from oracle.shards.assign import Shard
 
 RESULTS_FILE = "shard-results.npz"
 FORMAT = 1
