@@ -19,6 +19,9 @@ from oracle.redaction import redact_tree, scrub_text, scrub_tree
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
+# The verdicts that are a problem: they block a `required` check and warn at `warn` (oracle.render.verdict
+# holds every rule the views derive from them).
+PROBLEM_VERDICTS: tuple[Verdict, ...] = ("fail", "vacuous", "error")
 # What made a divergence: the batch (what shared the target's passes), or run-to-run nondeterminism
 # (the target differed although it ran alone, or a trial differed from itself).
 Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden", "sampling", "instance"]
@@ -120,7 +123,7 @@ class CheckResult(_Model):
     @property
     def blocks(self) -> bool:
         """True when this verdict makes the run fail (exit 1)."""
-        return self.requirement == "required" and self.verdict in ("fail", "vacuous", "error")
+        return self.requirement == "required" and self.verdict in PROBLEM_VERDICTS
 
 
 class DivergenceRecord(_Model):

@@ -1,6 +1,7 @@
 """Failure text for the pytest plugin: which checks block, and where the first divergence starts.
 
-Plain functions over a `Report`; no torch, no engine.
+Plain functions over a `Report`; no torch, no engine. Which checks block, the words and the divergence
+shown first are oracle.render.verdict's rules, as in every other format.
 """
 
 from __future__ import annotations
@@ -10,22 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from oracle.render.findings import ulp_text
+from oracle.render.verdict import first_divergence, shown_verdict
 from oracle.report import CheckResult, DivergenceRecord, Report
 from oracle.trust import replay_command
-
-BAD_VERDICTS = ("fail", "vacuous", "error")
-
-
-def is_bad(result: CheckResult) -> bool:
-    """A verdict that blocks at `required` and warns at `warn`."""
-    return result.verdict in BAD_VERDICTS
-
-
-def first_divergence(report: Report, checks: Iterable[str]) -> DivergenceRecord | None:
-    """The divergence to show for `checks`: the shrunk (minimal) trial if there is one, else the first."""
-    names = set(checks)
-    rows = [d for d in report.divergences if d.check in names]
-    return next((d for d in rows if d.shrunk), rows[0] if rows else None)
 
 
 def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[str, Any]) -> list[str]:
@@ -52,9 +40,9 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
 def describe_failure(report: Report, report_path: Path, checks: Iterable[CheckResult] | None = None) -> str:
     """A readable account of why a run (or the given checks of it) failed."""
     shown = list(checks) if checks is not None else [c for c in report.checks if c.blocks]
-    head = ", ".join(f"{c.name} {c.verdict}" for c in shown) or "no blocking check"
+    head = ", ".join(f"{c.name} {shown_verdict(c)}" for c in shown) or "no blocking check"
     lines = [f"oracle: {head} (seed {report.seed}, exit {report.exit_code()})"]
-    lines += [f"  {c.name} [{c.requirement}]: {c.verdict}: {c.message}" for c in shown]
+    lines += [f"  {c.name} [{c.requirement}]: {shown_verdict(c)}: {c.message}" for c in shown]
     if report.error:
         lines.append(f"  engine error: {report.error}")
     d = first_divergence(report, (c.name for c in shown))

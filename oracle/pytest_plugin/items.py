@@ -2,8 +2,8 @@
 
 The file's config is read at collection (a config error is a one-line collection error); it is
 run once, when its first item runs, and every item of the file judges its check from that
-Report: a blocking verdict (fail, vacuous, error) fails a `required` check and warns for a
-`warn` one; anything else passes. Under pytest-xdist each worker that gets an item of the file
+Report: a blocking verdict (fail, vacuous, error at `required`) fails, a warning (the same at `warn`, a
+report-level gate that failed or errored) warns; anything else passes. Under pytest-xdist each worker that gets an item of the file
 runs the config itself (same seed, same result); `--dist loadfile` keeps a file on one worker.
 """
 
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from oracle.errors import OracleError
-from oracle.pytest_plugin.failure import describe_failure, is_bad
+from oracle.pytest_plugin.failure import describe_failure
 from oracle.pytest_plugin.runs import STATE, OracleSession, OracleWarning
+from oracle.render.verdict import is_warning
 
 if TYPE_CHECKING:
     from oracle.config import Config
@@ -114,13 +115,11 @@ class OracleCheckItem(pytest.Item):
             raise OracleCheckFailure(f"oracle: {self.check} is not in the report ({path})")
         if result.verdict == "skipped":
             pytest.skip(f"oracle {self.check}: {result.message}")
-        if not is_bad(result):
-            return
-        text = describe_failure(report, path, [result])
-        if result.requirement == "required":
-            raise OracleCheckFailure(text)
-        if result.requirement == "warn":
-            warnings.warn_explicit(OracleWarning(text), OracleWarning, str(self.path), 1)
+        if result.blocks:
+            raise OracleCheckFailure(describe_failure(report, path, [result]))
+        if is_warning(result):
+            warnings.warn_explicit(OracleWarning(describe_failure(report, path, [result])), OracleWarning,
+                                   str(self.path), 1)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
         if isinstance(excinfo.value, OracleCheckFailure):

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from oracle.errors import OracleError
-from oracle.pytest_plugin.failure import describe_failure, is_bad
+from oracle.pytest_plugin.failure import describe_failure
+from oracle.render.verdict import headline, is_warning, shown_verdict
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -242,7 +243,6 @@ class OracleSession:
         """Run a parsed config into a fresh report folder; record it for the summary. Raises OracleError."""
         from oracle.lifecycle.run_guard import RunGuard
         from oracle.render.files import write_formats
-        from oracle.render.verdict import headline, shown_verdict
         from oracle.runner import run
 
         run_dir = run_dir or self._run_dir(label)
@@ -257,9 +257,10 @@ class OracleSession:
                                {c.name: shown_verdict(c) for c in report.checks}, str(path), report.error,
                                headline(report)))
         for c in report.checks if warn else ():
-            if c.requirement == "warn" and is_bad(c):
+            if is_warning(c):
                 # stacklevel 4: the test's line (test -> helper -> _run_data -> run_config)
-                warnings.warn(OracleWarning(f"oracle {c.name} [warn]: {c.verdict}: {c.message} ({path})"),
+                warnings.warn(OracleWarning(f"oracle {c.name} [{c.requirement}]: {shown_verdict(c)}: {c.message} "
+                                            f"({path})"),
                               stacklevel=4)
         return report, path
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any, Union, get_args, get_origin
+from typing import Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -11,7 +11,7 @@ from pydantic_core import PydanticUndefined
 from oracle.config import ENGINE_OPTIONS, Config, EngineConfig
 
 
-def _type_name(t: Any) -> str:
+def _type_name(t: object) -> str:
     origin = get_origin(t)
     if origin is None:
         if isinstance(t, type) and issubclass(t, BaseModel):

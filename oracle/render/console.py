@@ -13,20 +13,23 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from oracle.observer import Observer
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
-from oracle.render.findings import golden_lines, is_minimal, localized_line, minimal_first, ulp_text
+from oracle.render.findings import golden_lines, localized_line, ulp_text
 from oracle.render.timings import timing_line
-from oracle.render.verdict import headline, shown_verdict, style
-from oracle.report import Report
+from oracle.render.verdict import Tone, headline, minimal_first, shown_verdict, tone
+from oracle.report import CheckResult, DivergenceRecord, Report
+
+if TYPE_CHECKING:
+    from oracle.models.presets import ModelPreset
 
 NARROW = 100  # below this many columns the checks table leaves its detail column out
 HEARTBEAT_S = 30.0
@@ -53,7 +56,7 @@ class ConsoleObserver(Observer):
         self.console = console
         self.live = console.is_terminal and not os.environ.get("CI")
         self.progress: Progress | None = None
-        self.task: Any = None
+        self.task = TaskID(0)
         self.name = ""
         self.total = 0
         self.count = 0
@@ -102,9 +105,36 @@ class ConsoleObserver(Observer):
             self.console.print(f"{self.name}: done {self.count}/{self.total}")
 
 
+_STYLE: dict[Tone, str] = {"blocking": "red", "notice": "yellow", "pass": "green", "skipped": "dim"}
+# The divergence tables: their titles and the checks each holds.
+_SECTIONS = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache",
+                                            "seeded_sampling", "cross_instance")),
+             ("production-mode divergences (drift)", ("drift",)))
+
+
+def style(c: CheckResult) -> str:
+    """A check's row style: red only where it blocks, yellow for warnings and report-only findings."""
+    return _STYLE[tone(c)]
+
+
 def print_summary(console: Console, report: Report, report_path: str, max_rows: int = 5) -> None:
+    """The checks table, what a failing golden check found, the divergence tables and the run's footer."""
     report = report.public()  # secrets redacted, as in the files
     narrow = console.width < NARROW
+    _checks_table(console, report, narrow)
+    for c in report.checks:
+        if c.name == "golden" and c.verdict != "pass":
+            for line in golden_lines(c):
+                console.print(terminal_text(line), style=style(c))
+    for title, checks in _SECTIONS:
+        rows = minimal_first(d for d in report.divergences if d.check in checks)
+        if rows:
+            _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
+    _footer(console, report, report_path)
+
+
+def _checks_table(console: Console, report: Report, narrow: bool) -> None:
+    """One row per check; below NARROW columns each check's detail goes under the table."""
     table = Table(title=f"oracle checks: {headline(report)}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for col in ("check", "requirement", "verdict", "trials", "divergent"):
@@ -113,24 +143,15 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
         table.add_column("detail", ratio=1)
     for c in report.checks:
         cells = [c.name, c.requirement, shown_verdict(c), str(c.trials), str(c.divergent)]
-        if not narrow:
-            cells.append(terminal_text(c.message))
-        table.add_row(*cells, style=style(c))
+        table.add_row(*cells, *([] if narrow else [terminal_text(c.message)]), style=style(c))
     console.print(table)
     if narrow:
         for c in report.checks:
             console.print(f"  {c.name}: {terminal_text(c.message)}", style=style(c))
-    for c in report.checks:
-        if c.name == "golden" and c.verdict != "pass":
-            for line in golden_lines(c):
-                console.print(terminal_text(line), style=style(c))
-    sections = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache",
-                                               "seeded_sampling", "cross_instance")),
-                ("production-mode divergences (drift)", ("drift",)))
-    for title, checks in sections:
-        rows = minimal_first([d for d in report.divergences if d.check in checks])
-        if rows:
-            _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
+
+
+def _footer(console: Console, report: Report, report_path: str) -> None:
+    """The engine error, the run's posture and hazards, where the report is, the time and the exit code."""
     if report.error:
         console.print(f"engine error: {terminal_text(report.error)}", style="red")
     posture = summary_line(report.environment)
@@ -155,11 +176,11 @@ def replay_of(report: Report, report_path: str) -> Callable[[int], str]:
     return lambda trial_id: replay_command(report_path, trial_id, report.config)
 
 
-def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: int, narrow: bool,
+def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord], max_rows: int, narrow: bool,
                       replay: Callable[[int], str]) -> None:
     shown = rows[:max_rows]
     notes = []
-    if any(is_minimal(d) for d in shown):
+    if any(d.shrunk for d in shown):
         notes.append("* the shrunk minimal trial")
     if len(rows) > len(shown):
         notes.append(f"... and {len(rows) - len(shown)} more in report.json")
@@ -171,14 +192,14 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
         t.add_column(col, no_wrap=True, justify="right" if col not in ("kind", "tokens") else "left")
     for d in shown:
         trial = "" if d.trial_id is None else str(d.trial_id)
-        cells = [terminal_text(d.target), trial + ("*" if is_minimal(d) else ""), str(d.step), d.kind,
+        cells = [terminal_text(d.target), trial + ("*" if d.shrunk else ""), str(d.step), d.kind,
                  f"{d.expected_token}->{d.actual_token}", ulp_text(d), _fmt(d.max_abs_logits_diff)]
         if not narrow:
             cells += [_fmt(d.reference_margin), terminal_text(d.evidence.get("num_seqs", ""))]
-        t.add_row(*cells, style="bold" if is_minimal(d) else None)
+        t.add_row(*cells, style="bold" if d.shrunk else None)
     console.print(t)
     for d in shown:
-        if is_minimal(d):
+        if d.shrunk and d.trial_id is not None:
             size = "minimal" if d.evidence.get("minimal") else "smallest found"
             batch = len(d.trial.fillers) + 1 if d.trial else "?"
             position = d.trial.position if d.trial else "?"
@@ -190,7 +211,7 @@ def _divergence_table(console: Console, title: str, rows: list[Any], max_rows: i
             console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")
 
 
-def print_presets(console: Console, presets: Mapping[str, Any]) -> None:
+def print_presets(console: Console, presets: Mapping[str, ModelPreset]) -> None:
     """The model presets as a table: shape, size on disk and what each is for."""
     table = Table(title="model presets (oracle model make PRESET DIR, or model: preset:NAME)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)

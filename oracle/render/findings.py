@@ -1,59 +1,62 @@
 """Findings every format shows in words: the first diverging operator of a divergence, what a golden
-check found changed, and the coverage table. Read defensively: each shows up once its data exists."""
+check found changed, and a divergence's ULP distance. A golden check's evidence is open JSON (read
+defensively: each line shows up once its data exists)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+
+from oracle.report import CheckResult, DivergenceRecord
+
+LOCALIZED_FIELDS = ("module", "op", "layer", "forward_pass", "engine_step", "ulp", "max_abs_diff", "eager",
+                    "still_diverged")
+TOKEN_CHANGED = "token changed"
 
 
-def _as_dict(lo: Any) -> Any:
-    return lo.model_dump() if hasattr(lo, "model_dump") else lo
-
-
-def localized_line(d: Any) -> str | None:
+def localized_line(d: DivergenceRecord) -> str | None:
     """`first diverging op: MODULE (OP), layer L, pass P` for a divergence, or None when not localized."""
-    lo = _as_dict(getattr(d, "localized_op", None))
-    if not lo:
+    lo = d.localized_op
+    if lo is None:
         return None
-    if not isinstance(lo, dict):
-        return f"first diverging op: {lo}"
-    text = f"first diverging op: {lo.get('module', '?')} ({lo.get('op', '?')})"
-    if lo.get("layer") is not None:
-        text += f", layer {lo['layer']}"
-    if lo.get("forward_pass") is not None:
-        text += f", pass {lo['forward_pass']}"
-    if lo.get("still_diverged") is False:
+    text = f"first diverging op: {lo.module} ({lo.op})"
+    if lo.layer is not None:
+        text += f", layer {lo.layer}"
+    if lo.forward_pass is not None:
+        text += f", pass {lo.forward_pass}"
+    if not lo.still_diverged:
         text += " (the divergence did not reproduce there)"
     return text
 
 
-def localized_cells(d: Any) -> dict[str, str]:
+def localized_cells(d: DivergenceRecord) -> dict[str, str]:
     """The localized op's fields as table cells (empty strings when absent)."""
-    lo = _as_dict(getattr(d, "localized_op", None))
-    keys = ("module", "op", "layer", "forward_pass", "engine_step", "ulp", "max_abs_diff", "eager",
-            "still_diverged")
-    if not isinstance(lo, dict):
-        return {k: (str(lo) if k == "module" and lo else "") for k in keys}
-    return {k: "" if lo.get(k) is None else (f"{lo[k]:.3g}" if isinstance(lo[k], float) else str(lo[k]))
-            for k in keys}
+    values = {} if d.localized_op is None else d.localized_op.model_dump(include=set(LOCALIZED_FIELDS))
+    return {k: _cell(values.get(k)) for k in LOCALIZED_FIELDS}
 
 
-def _pair(v: Any) -> tuple[Any, Any] | None:
-    if isinstance(v, dict):
+def _cell(v: object) -> str:
+    if v is None:
+        return ""
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _pair(v: object) -> tuple[object, object] | None:
+    """A golden value and the run's, from `{"golden": G, "now": N}` (or `"run"`) or `[G, N]`."""
+    if isinstance(v, Mapping):
         return v.get("golden"), v.get("now", v.get("run"))
     if isinstance(v, (list, tuple)) and len(v) == 2:
         return v[0], v[1]
     return None
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     s = str(v)
     return s[:12] if len(s) == 64 and all(ch in "0123456789abcdef" for ch in s) else s
 
 
-def golden_lines(c: Any) -> list[str]:
+def golden_lines(c: CheckResult) -> list[str]:
     """For a golden check: one line per differing target (step, tokens) and one naming what changed."""
-    ev = getattr(c, "evidence", None) or {}
+    ev = c.evidence
     lines: list[str] = []
     for diff in ev.get("differing", []):
         target = diff.get("target", "?")
@@ -71,10 +74,11 @@ def golden_lines(c: Any) -> list[str]:
     return lines
 
 
-def changes_text(ev: dict[str, Any]) -> str:
+def changes_text(ev: Mapping[str, object]) -> str:
     """`torch: 2.11 -> 2.13; config digest: abc -> def` from a golden check's evidence."""
     parts = []
-    for key, value in (ev.get("environment_changes") or {}).items():
+    changes = ev.get("environment_changes") or {}
+    for key, value in (changes.items() if isinstance(changes, Mapping) else ()):
         pair = _pair(value)
         parts.append(f"{key}: {pair[0]} -> {pair[1]}" if pair else f"{key}: {value}")
     digest = _pair(ev.get("config_digest"))
@@ -84,29 +88,9 @@ def changes_text(ev: dict[str, Any]) -> str:
     return "; ".join(parts) or "nothing recorded in the environment"
 
 
-def coverage(report: Any) -> dict[str, int]:
-    """The report's coverage table (condition -> number of trials), or empty when it has none."""
-    cov = getattr(report, "coverage", None)
-    if not isinstance(cov, dict):
-        return {}
-    return {str(k): v for k, v in cov.items()}
-
-
-TOKEN_CHANGED = "token changed"
-
-
-def ulp_text(d: Any) -> str:
+def ulp_text(d: DivergenceRecord) -> str:
     """A divergence's ULP distance as views show it: only between logprobs of the same token; a changed
     token says so (an older report may still hold a ULP computed across two tokens: not shown)."""
     if d.kind == "token":
         return TOKEN_CHANGED
     return "" if d.ulp is None else str(d.ulp)
-
-
-def minimal_first(divergences: list[Any]) -> list[Any]:
-    """Divergences with the shrunk minimal trial first, so it is never among the rows cut."""
-    return sorted(divergences, key=lambda d: not (getattr(d, "evidence", None) or {}).get("shrunk"))
-
-
-def is_minimal(d: Any) -> bool:
-    return bool((getattr(d, "evidence", None) or {}).get("shrunk"))

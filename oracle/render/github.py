@@ -3,7 +3,8 @@
     python -m oracle.render.github annotate REPORT_DIR [--exit-code N] [--config PATH]
 
 `annotate` reads REPORT_DIR/report.json and prints one `::error` workflow command per required
-check that failed, was vacuous or errored (`::warning` for a check at `warn`), plus one for an
+check that failed, was vacuous or errored, and one `::warning` per warning (a check at `warn` that
+did, a report-level gate that failed or errored: see oracle.render.verdict), plus one for an
 engine error or a missing report; then writes `exit-code`, `verdict` (pass | fail | error) and
 `report-dir` to $GITHUB_OUTPUT. It never fails the step: the action's last step does that.
 Reads the report through oracle.report's model: no torch, no engine.
@@ -22,9 +23,8 @@ from typing import TextIO
 
 from oracle.errors import OracleError
 from oracle.render.escape import terminal_text
-from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, DivergenceRecord, Report, load_report
-
-BAD_VERDICTS = ("fail", "vacuous", "error")
+from oracle.render.verdict import RunVerdict, first_divergence, is_warning, run_verdict, shown_verdict
+from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, Report, load_report
 
 
 def escape_data(s: str) -> str:
@@ -44,19 +44,15 @@ def command(kind: str, title: str, message: str, file: str | None = None) -> str
     return f"::{kind} {','.join(props)}::{escape_data(message)}"
 
 
-def verdict_of(exit_code: int) -> str:
-    return {0: "pass", 1: "fail"}.get(exit_code, "error")
-
-
-def _first_divergence(report: Report, check: str) -> DivergenceRecord | None:
-    rows = [d for d in report.divergences if d.check == check]
-    return next((d for d in rows if d.shrunk), rows[0] if rows else None)
+def verdict_of(exit_code: int) -> RunVerdict:
+    """The `verdict` output: pass | fail | error."""
+    return run_verdict(exit_code)
 
 
 def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
     """The check's message, its first divergence, the op it started at and the command that replays it."""
-    lines = [f"{check.name} [{check.requirement}]: {check.verdict}: {check.message}"]
-    d = _first_divergence(report, check.name)
+    lines = [f"{check.name} [{check.requirement}]: {shown_verdict(check)}: {check.message}"]
+    d = first_divergence(report, [check.name])
     if d is not None:
         lines.append(f"first divergence: target {d.target}, trial {d.trial_id}, step {d.step} "
                      f"({d.kind}): token {d.expected_token} -> {d.actual_token}, "
@@ -71,7 +67,7 @@ def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
 
 def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
                       config: str | None = None, unreadable: str | None = None) -> Iterator[str]:
-    """The workflow commands for a run: errors for blocking checks, warnings for `warn` ones.
+    """The workflow commands for a run: errors for blocking checks, warnings for the warnings.
     `unreadable`: why the report at `report_path` could not be read (it exists but is not a report)."""
     if report is None:
         if unreadable is not None:
@@ -89,10 +85,8 @@ def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
         yield command("error", "oracle engine", f"engine error: {report.error} (partial report {report_path})",
                       config)
     for check in report.checks:
-        if check.verdict not in BAD_VERDICTS:
-            continue
-        kind = {"required": "error", "warn": "warning"}.get(check.requirement)
-        if kind:
+        if check.blocks or is_warning(check):
+            kind = "error" if check.blocks else "warning"
             yield command(kind, f"oracle {check.name}", check_message(report, check, report_path), config)
 
 

@@ -11,25 +11,19 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from oracle.render.escape import terminal_text
-from oracle.render.findings import (
-    coverage,
-    golden_lines,
-    is_minimal,
-    localized_cells,
-    minimal_first,
-    ulp_text,
-)
-from oracle.render.verdict import headline, is_warning, shown_verdict
-from oracle.report import Report
+from oracle.render.findings import golden_lines, localized_cells, ulp_text
+from oracle.render.verdict import headline, is_warning, minimal_first, shown_verdict, tone, verdict_label
+from oracle.report import CheckResult, DivergenceRecord, Report
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 .pass{color:#161}.fail,.error{color:#b00;font-weight:bold}.vacuous,.reported,.warning{color:#a60}
+.blocking{color:#b00;font-weight:bold}
 tr.minimal{background:#fff3c4;font-weight:bold}
 figure{display:inline-block;margin:1em 2em 1em 0;vertical-align:top}figcaption{font-weight:bold}
 svg text{font:11px sans-serif}svg .axis-label{font:12px sans-serif;fill:#333}
@@ -117,14 +111,14 @@ def _num(x: float) -> str:
 def rate_by_batch(report: Report, check: str) -> list[Bar]:
     """Per scheduled batch size: the percentage of its trials in which `check` found a divergence."""
     sizes = {t.trial_id: len(t.fillers) + 1 for t in report.schedule if t.origin == "schedule"}
-    diverged = {d.trial_id for d in report.divergences if d.check == check and not is_minimal(d)}
+    diverged = {d.trial_id for d in report.divergences if d.check == check and not d.shrunk}
     total: Counter[int] = Counter(sizes.values())
     bad: Counter[int] = Counter(sizes[t] for t in diverged if t in sizes)
     return [Bar(b, 100.0 * bad[b] / total[b], f"{bad[b]}/{total[b]}", str(b),
                 f"batch {b}: {bad[b]} of {total[b]} trials diverged") for b in sorted(total)]
 
 
-def step_histogram(divs: list[Any]) -> list[Bar]:
+def step_histogram(divs: Sequence[DivergenceRecord]) -> list[Bar]:
     """Divergences per first-divergence step, every step between the first and the last shown (in
     bins of several steps when there are more than 40)."""
     steps: Counter[int] = Counter(d.step for d in divs)
@@ -140,7 +134,7 @@ def step_histogram(divs: list[Any]) -> list[Bar]:
     return bars
 
 
-def ulp_histogram(divs: list[Any]) -> list[Bar]:
+def ulp_histogram(divs: Sequence[DivergenceRecord]) -> list[Bar]:
     """log2 buckets of the ULP distance from the smallest to the largest seen, empty ones included;
     bucket `0` holds divergences with equal logprobs (the logits or tokens differ)."""
     ulps = [d.ulp for d in divs if d.ulp is not None and d.kind != "token"]  # same-token logprobs only
@@ -174,11 +168,13 @@ def _plots(report: Report) -> str:
     return "".join(out) or "<p>no divergences to plot</p>"
 
 
-def _verdict_cell(c: Any) -> str:
-    shown = shown_verdict(c)
-    cls = "warning" if is_warning(c) else shown
-    text = f"warning: {shown}" if is_warning(c) else shown
-    return f'<td class="{e(cls)}">{e(text)}</td>'
+def _verdict_cell(c: CheckResult) -> str:
+    """Classed by the shown word (`warning` for a warning), plus `blocking` (red) where the check fails the run:
+    a required vacuous check too, as the console shows it."""
+    cls: str = "warning" if is_warning(c) else shown_verdict(c)
+    if tone(c) == "blocking":
+        cls += " blocking"
+    return f'<td class="{e(cls)}">{e(verdict_label(c))}</td>'
 
 
 def render_html(report: Report) -> str:
@@ -186,10 +182,10 @@ def render_html(report: Report) -> str:
         f"<tr><td>{e(c.name)}</td><td>{e(c.requirement)}</td>{_verdict_cell(c)}"
         f"<td>{c.trials}</td><td>{c.divergent}</td><td>{e(c.message)}</td></tr>" for c in report.checks)
     divs = minimal_first(report.divergences)
-    localized = any(getattr(d, "localized_op", None) for d in divs)
+    localized = any(d.localized_op is not None for d in divs)
     loc_head = "<th>first diverging op</th><th>layer</th><th>pass</th>" if localized else ""
 
-    def loc(d: Any) -> str:
+    def loc(d: DivergenceRecord) -> str:
         if not localized:
             return ""
         cells = localized_cells(d)
@@ -197,8 +193,8 @@ def render_html(report: Report) -> str:
         return f"<td>{e(op)}</td><td>{e(cells['layer'])}</td><td>{e(cells['forward_pass'])}</td>"
 
     div_rows = "".join(
-        f"<tr{_MINIMAL if is_minimal(d) else ''}><td>{e(d.check)}</td><td>{e(d.target)}</td>"
-        f"<td>{'' if d.trial_id is None else e(d.trial_id)}{' (minimal, shrunk)' if is_minimal(d) else ''}</td>"
+        f"<tr{_MINIMAL if d.shrunk else ''}><td>{e(d.check)}</td><td>{e(d.target)}</td>"
+        f"<td>{'' if d.trial_id is None else e(d.trial_id)}{' (minimal, shrunk)' if d.shrunk else ''}</td>"
         f"<td>{d.step}</td><td>{e(d.kind)}</td><td>{e(d.expected_token)} → {e(d.actual_token)}</td><td>{e(ulp_text(d))}</td>"
         f"<td>{'' if d.max_abs_logits_diff is None else f'{d.max_abs_logits_diff:.3g}'}</td>"
         f"<td>{'' if d.reference_margin is None else f'{d.reference_margin:.3g}'}</td>"
@@ -210,7 +206,7 @@ def render_html(report: Report) -> str:
     golden = "".join(f"<li>{e(x)}</li>" for c in report.checks if c.name == "golden" and c.verdict != "pass"
                      for x in golden_lines(c))
     golden = f"<h2>Golden: what differs</h2><ul>{golden}</ul>" if golden else ""
-    cov = coverage(report)
+    cov = report.coverage
     cov_html = ("<h2>Coverage</h2><table><tr><th>condition</th><th>trials</th></tr>"
                 + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in cov.items()) + "</table>") if cov else ""
     return f"""<!doctype html>

@@ -6,29 +6,60 @@ backticks and cell breaks are escaped, so model text is never read as markup.
 
 from __future__ import annotations
 
-from typing import Any
-
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import markdown_text, terminal_text
-from oracle.render.findings import coverage, golden_lines, is_minimal, localized_line, minimal_first, ulp_text
+from oracle.render.findings import golden_lines, localized_line, ulp_text
 from oracle.render.timings import timing_line
-from oracle.render.verdict import headline, is_warning, shown_verdict
-from oracle.report import Report
+from oracle.render.verdict import (
+    first_divergence,
+    headline,
+    is_warning,
+    minimal_first,
+    shown_verdict,
+    tone,
+    verdict_label,
+)
+from oracle.report import CheckResult, DivergenceRecord, Report
 
-_ICON = {"pass": "pass", "fail": "**FAIL**", "vacuous": "*vacuous*", "error": "**ERROR**", "skipped": "skipped",
-         "reported": "*reported*"}
 _CHECKS = ("invariance", "repeatability", "prefill_decode", "prefix_cache", "seeded_sampling", "cross_instance", "drift")
+_DIVERGENCE_HEAD = ("| target | trial | step | kind | token exp → act | ULP | max abs Δlogit | margin | seqs in pass |",
+                    "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |")
 
 
-def _verdict_cell(c: Any) -> str:
-    shown = shown_verdict(c)
+def _verdict_cell(c: CheckResult) -> str:
+    """Bold capitals where the check fails the run, italics for warnings and other notices."""
     if is_warning(c):
-        return f"*warning: {shown}*"
-    return _ICON.get(shown, markdown_text(shown))
+        return f"*{verdict_label(c)}*"
+    shown = shown_verdict(c)
+    return {"blocking": f"**{shown.upper()}**", "notice": f"*{shown}*"}.get(tone(c), shown)
 
 
 def render_markdown(report: Report, max_rows: int = 10, report_path: str = "report.json") -> str:
     """The summary; `report_path`: where report.json is, for the replay command."""
+    lines = _head(report)
+    for c in report.checks:
+        if c.name == "golden" and c.verdict != "pass":
+            found = golden_lines(c)
+            if found:
+                lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
+    for check in _CHECKS:
+        rows = minimal_first(d for d in report.divergences if d.check == check)
+        if rows:
+            lines += _divergence_section(check, rows, max_rows)
+    if report.coverage:
+        lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
+        lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in report.coverage.items()]
+    replay = first_divergence(report, ["invariance"])
+    if replay is not None and replay.trial_id is not None:
+        from oracle.trust import replay_command
+
+        command = replay_command(report_path, replay.trial_id, report.config)
+        lines += ["", f"Replay: `{terminal_text(command).replace('`', '')}`"]  # a code span: shown literally
+    return "\n".join(lines) + "\n"
+
+
+def _head(report: Report) -> list[str]:
+    """The headline, the run's facts, the checks table, the engine error, time, posture and hazards."""
     env = report.environment
     lines = [
         f"## oracle: {headline(report)}",
@@ -53,44 +84,28 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
     if posture:
         lines += ["", markdown_text(posture)]
     lines += [f"- **{markdown_text(x)}**" for x in hazard_summary_lines(env)]
-    for c in report.checks:
-        if c.name == "golden" and c.verdict != "pass":
-            found = golden_lines(c)
-            if found:
-                lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
-    for check in _CHECKS:
-        rows = minimal_first([d for d in report.divergences if d.check == check])
-        if not rows:
-            continue
-        localized = any(getattr(d, "localized_op", None) for d in rows)
-        lines += ["", f"### {check}: first divergences ({len(rows)} in all)", "",
-                  "| target | trial | step | kind | token exp → act | ULP | max abs Δlogit | margin | seqs in pass |"
-                  + (" first diverging op |" if localized else ""),
-                  "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |" + (" --- |" if localized else "")]
-        for d in rows[:max_rows]:
-            trial = "" if d.trial_id is None else str(d.trial_id)
-            trial = f"**{trial} (minimal, shrunk)**" if is_minimal(d) else trial
-            row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {markdown_text(d.kind)} | {d.expected_token} → "
-                   f"{d.actual_token} | {ulp_text(d)} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
-                   f"{markdown_text(d.evidence.get('num_seqs', ''))} |")
-            if localized:
-                where = localized_line(d) or ""
-                row += f" {markdown_text(where.removeprefix('first diverging op: '))} |"
-            lines.append(row)
-        if len(rows) > max_rows:
-            lines += ["", f"... and {len(rows) - max_rows} more in report.json"]
-    cov = coverage(report)
-    if cov:
-        lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
-        lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in cov.items()]
-    replay = next((d for d in minimal_first(report.divergences) if d.check == "invariance" and d.trial_id is not None),
-                  None)
-    if replay:
-        from oracle.trust import replay_command
+    return lines
 
-        command = replay_command(report_path, int(replay.trial_id), report.config)
-        lines += ["", f"Replay: `{terminal_text(command).replace('`', '')}`"]  # a code span: shown literally
-    return "\n".join(lines) + "\n"
+
+def _divergence_section(check: str, rows: list[DivergenceRecord], max_rows: int) -> list[str]:
+    """A check's first divergences (the shrunk minimal trial first), with the op column where one is localized."""
+    localized = any(d.localized_op is not None for d in rows)
+    lines = ["", f"### {check}: first divergences ({len(rows)} in all)", "",
+             _DIVERGENCE_HEAD[0] + (" first diverging op |" if localized else ""),
+             _DIVERGENCE_HEAD[1] + (" --- |" if localized else "")]
+    for d in rows[:max_rows]:
+        trial = "" if d.trial_id is None else str(d.trial_id)
+        trial = f"**{trial} (minimal, shrunk)**" if d.shrunk else trial
+        row = (f"| {markdown_text(d.target)} | {trial} | {d.step} | {markdown_text(d.kind)} | {d.expected_token} → "
+               f"{d.actual_token} | {ulp_text(d)} | {_fmt(d.max_abs_logits_diff)} | {_fmt(d.reference_margin)} | "
+               f"{markdown_text(d.evidence.get('num_seqs', ''))} |")
+        if localized:
+            where = localized_line(d) or ""
+            row += f" {markdown_text(where.removeprefix('first diverging op: '))} |"
+        lines.append(row)
+    if len(rows) > max_rows:
+        lines += ["", f"... and {len(rows) - max_rows} more in report.json"]
+    return lines
 
 
 def _fmt(x: float | None) -> str:

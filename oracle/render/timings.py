@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from oracle.timings import PHASES
 
 _RUN = (("plan", "plan"), ("judge", "judge"), ("write", "write"), ("merge", "merge"))
 
 
-def timing_line(timings: dict[str, Any]) -> str | None:
+def timing_line(timings: Mapping[str, float]) -> str | None:
     """`where the time went: invariant: engine start 0.1s, references 0.8s, ...; production: ...; judge 0.0s`,
     phases under 0.05 s left out; None for a report without the breakdown."""
     parts = []
