@@ -19,7 +19,7 @@ import pytest
 from oracle.errors import OracleError
 from oracle.pytest_plugin.failure import describe_failure
 from oracle.pytest_plugin.runs import STATE, OracleSession, OracleWarning
-from oracle.render.verdict import is_warning
+from oracle.render.verdict import gate
 
 if TYPE_CHECKING:
     from oracle.config import Config
@@ -113,11 +113,12 @@ class OracleCheckItem(pytest.Item):
             raise OracleCheckFailure(describe_failure(report, path, checks))
         if result is None:
             raise OracleCheckFailure(f"oracle: {self.check} is not in the report ({path})")
-        if result.verdict == "skipped":
+        outcome = gate(result)
+        if outcome == "skip":
             pytest.skip(f"oracle {self.check}: {result.message}")
-        if result.blocks:
+        if outcome == "fail":
             raise OracleCheckFailure(describe_failure(report, path, [result]))
-        if is_warning(result):
+        if outcome == "warn":
             warnings.warn_explicit(OracleWarning(describe_failure(report, path, [result])), OracleWarning,
                                    str(self.path), 1)
 

@@ -23,7 +23,7 @@ from typing import TextIO
 
 from oracle.errors import OracleError
 from oracle.render.escape import terminal_text
-from oracle.render.verdict import RunVerdict, first_divergence, is_warning, run_verdict, shown_verdict
+from oracle.render.verdict import RunVerdict, first_divergence, gate, run_verdict, shown_verdict
 from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, Report, load_report
 
 
@@ -85,8 +85,8 @@ def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
         yield command("error", "oracle engine", f"engine error: {report.error} (partial report {report_path})",
                       config)
     for check in report.checks:
-        if check.blocks or is_warning(check):
-            kind = "error" if check.blocks else "warning"
+        kind = {"fail": "error", "warn": "warning"}.get(gate(check))
+        if kind is not None:
             yield command(kind, f"oracle {check.name}", check_message(report, check, report_path), config)
 
 

@@ -20,6 +20,8 @@ ShownVerdict = Literal["pass", "fail", "vacuous", "error", "skipped", "reported"
 # How loud a check's row is: `blocking` (it fails the run), `notice` (a warning, a report-only finding,
 # a non-blocking vacuous), `pass`, `skipped`.
 Tone = Literal["blocking", "notice", "pass", "skipped"]
+# What a check means where it is one test (a pytest item, an Action annotation): fail it, warn, skip it, pass.
+Gate = Literal["fail", "warn", "skip", "pass"]
 RunVerdict = Literal["pass", "fail", "error"]
 
 
@@ -55,6 +57,15 @@ def tone(c: CheckResult) -> Tone:
     if is_problem(c) or shown_verdict(c) == "reported":
         return "notice"
     return "pass" if c.verdict == "pass" else "skipped"
+
+
+def gate(c: CheckResult) -> Gate:
+    """`fail` where the check blocks, `warn` for a warning, `skip` for a skipped check, else `pass`."""
+    if c.blocks:
+        return "fail"
+    if is_warning(c):
+        return "warn"
+    return "skip" if c.verdict == "skipped" else "pass"
 
 
 def run_verdict(exit_code: int) -> RunVerdict:

@@ -622,3 +622,17 @@ def test_the_terminal_summary_uses_the_clis_words(inner: pytest.Pytester, fake_m
         checks={"drift": "report", "negative_control": "off", "fidelity": "off"}))})
     result = inner.runpytest()
     result.stdout.fnmatch_lines(["oracle-drifts.yaml: passed (exit 0), seed *: *drift reported*"])
+
+
+def test_a_report_level_gate_that_fails_is_a_warning(inner: pytest.Pytester, fake_model: Path) -> None:
+    """A report-only check whose gate failed warns (the item passes), as the headline `passed with warnings`,
+    summary.md and the Action's annotations say."""
+    drift = {"requirement": "report", "max_divergent_fraction": 0.0}
+    inner.makefile(".yaml", **{"oracle-gated": yaml.safe_dump(fake_config(
+        fake_model, diverge_from_batch=2, diverge_mode="production",
+        checks={"drift": drift, "negative_control": "off", "fidelity": "off"}))})  # type: ignore[dict-item]
+    result = inner.runpytest("-v")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("warnings") == 1, outcomes
+    result.stdout.fnmatch_lines(["*oracle-gated.yaml::drift PASSED*", "*OracleWarning: oracle: drift fail (seed *, exit 0)*"])
+    result.stdout.fnmatch_lines(["oracle-gated.yaml: passed with warnings (exit 0), seed *: *drift fail*"])
