@@ -1,2 +1,2 @@
 """Renderers of a Report: the console (console), JUnit XML (junit), Markdown (markdown) and HTML
-(html), written beside report.json by files; verdict words, findings and escaping are shared."""
+(html), written beside report.json by files; the verdict rules (verdict), findings and escaping are shared."""

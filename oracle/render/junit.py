@@ -4,7 +4,8 @@ It agrees with the verdict: a `<failure>` only where a required check failed for
 (its divergences, or its golden difference); a required check that failed or was vacuous with no
 target to blame fails one `all targets` case. Warn- and report-level findings are properties and
 `<system-out>`, never failures; a required check in error and an engine error are `<error>`. So
-the file has a failure or an error exactly when the exit code is not 0. Every string
+the file has a failure or an error exactly when the exit code is not 0. A target's divergences are
+listed as every view lists them (oracle.render.verdict): the shrunk minimal trial first. Every string
 is made XML 1.0 safe (see oracle.render.escape), whatever the target names or error text hold.
 """
 
