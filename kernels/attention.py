@@ -1,6 +1,6 @@
-"""Paged attention for the native engine: the custom op, its production path and a reference.
+"""Paged attention for the native engine: the op, its production path and a reference.
 
-`oracle_kernels::paged_attention` is a torch.library custom op in our own namespace (defining
+`oracle_kernels::paged_attention` is a torch.library op in our own namespace (defining
 it overrides nothing). Its default implementation is the production path, what serving engines
 do: decode queries split their KV range into `num_kv_splits` chunks (the engine picks the number
 from the batch size, as split-KV / flash-decoding kernels do) merged by log-sum-exp, prefill
@@ -226,7 +226,57 @@ def reference_attention(
     return out
 
 
-@torch.library.custom_op("oracle_kernels::paged_attention", mutates_args=())
+# Defined with torch.library.Library rather than torch.library.custom_op: a custom_op's kernel imports
+# torch._dynamo on its first call (about 0.8 s on the CPU, paid by production mode's first reference),
+# and nothing here is compiled. The dispatch is the same: the production path is the op's
+# CompositeExplicitAutograd kernel, which the CPU and CUDA kernels `enable()` registers take over.
+# A fragment, defined once per process: this file may be imported under two names (`oracle_kernels`, and
+# `kernels` from a checkout's root), and the second import must find the op, not define it again.
+_LIBRARY = torch.library.Library("oracle_kernels", "FRAGMENT")
+_DEFINED_HERE = not hasattr(torch.ops.oracle_kernels, "paged_attention")
+if _DEFINED_HERE:
+    _LIBRARY.define(
+        "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+        "Tensor query_start_loc, float scale, int num_kv_splits) -> Tensor"
+    )
+
+
+def _production_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    num_kv_splits: int,
+) -> torch.Tensor:
+    if q.is_cuda:
+        from .triton.attention import production_paged_attention
+
+        return production_paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
+    return production_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
+
+
+def _paged_attention_fake(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    num_kv_splits: int,
+) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+if _DEFINED_HERE:
+    _LIBRARY.impl("paged_attention", _production_paged_attention, "CompositeExplicitAutograd")
+    torch.library.register_fake("oracle_kernels::paged_attention", _paged_attention_fake, lib=_LIBRARY)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -239,30 +289,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention of every scheduled token over its sequence's paged KV cache -> [T, Hq, D], q's dtype.
 
-    Default (production): decode queries split their KV range into `num_kv_splits` chunks merged
-    by log-sum-exp, which makes the result depend on the batch through `num_kv_splits`. With the
-    kernels enabled, the CPU runs the invariant path instead (fixed 32-position chunks, merged in
-    order), which ignores `num_kv_splits`. See the module docstring for the layout. On CUDA the
-    production path is the Triton kernel of kernels/triton/attention.py with a partition sized
-    from `num_kv_splits` and the block table's width, as split-KV decode kernels size theirs.
+    Calls the op `oracle_kernels::paged_attention`. Default (production): decode queries split their
+    KV range into `num_kv_splits` chunks merged by log-sum-exp, which makes the result depend on the
+    batch through `num_kv_splits`. With the kernels enabled, the CPU runs the invariant path instead
+    (fixed 32-position chunks, merged in order), which ignores `num_kv_splits`. See the module
+    docstring for the layout. On CUDA the production path is the Triton kernel of
+    kernels/triton/attention.py with a partition sized from `num_kv_splits` and the block table's
+    width, as split-KV decode kernels size theirs.
     """
-    if q.is_cuda:
-        from .triton.attention import production_paged_attention
-
-        return production_paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
-    return production_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
-
-
-@paged_attention.register_fake
-def _paged_attention_fake(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    num_kv_splits: int,
-) -> torch.Tensor:
-    return torch.empty_like(q)
+    out: torch.Tensor = torch.ops.oracle_kernels.paged_attention.default(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, num_kv_splits)
+    return out
