@@ -213,6 +213,10 @@ def _drift_verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[
         over.append(f"divergent fraction {len(recs) / n:.3f} > {cfg.max_divergent_fraction}")
     if cfg.max_ulp is not None and recs and ev["max_ulp"] > cfg.max_ulp:
         over.append(f"max ULP {ev['max_ulp']} > {cfg.max_ulp}")
+    # A different token or length has no ULP distance (`max_ulp` counts it as 0): it is past any ULP gate.
+    unmeasured = sum(r.ulp is None for r in recs)
+    if cfg.max_ulp is not None and unmeasured:
+        over.append(f"{unmeasured} past any max ULP (a different token or length)")
     if over:
         return Judged(CheckResult(name="drift", requirement=requirement, verdict="fail", trials=n,
                                   divergent=len(recs), evidence=ev, message=msg + "; " + "; ".join(over)),
