@@ -138,7 +138,7 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
             cuda_graphs="off" if options.get("enforce_eager", True) else UNKNOWN,
             all_reduce="custom" if int(args.get("tensor_parallel_size", 1)) > 1
             and not args.get("disable_custom_all_reduce") else "none",
-            sampler="flashinfer" if env.get("VLLM_USE_FLASHINFER_SAMPLER") == "1" else UNKNOWN,
+            sampler=_vllm_sampler(env),
         )
     elif engine.kind == "native":
         out.update(engine_version="oracle", device=engine.device)
@@ -149,22 +149,40 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
     return out
 
 
+def _vllm_sampler(env: dict[str, str]) -> str:
+    """vLLM's top-k/top-p sampler as far as the environment decides it: VLLM_USE_FLASHINFER_SAMPLER=1 asks for
+    FlashInfer's, =0 refuses it; unset, vLLM picks by platform and what is installed, which is not known
+    here (a hazard on the sampler is then `possible`, not `matches`)."""
+    flag = env.get("VLLM_USE_FLASHINFER_SAMPLER")
+    if flag == "1":
+        return "flashinfer"
+    if flag == "0":
+        return "torch (VLLM_USE_FLASHINFER_SAMPLER=0)"
+    return UNKNOWN
+
+
 def model_facts(model_dir: Path) -> dict[str, Any]:
-    """What a hazard's condition may ask of the model: head_dim, heads, KV heads and their ratio (GQA)."""
+    """What a hazard's condition may ask of the model: head_dim, heads, KV heads and their ratio (GQA).
+
+    Read as the memory estimate reads config.json (every spelling of a dimension, a multimodal model's
+    `text_config`); a fact config.json does not give is absent, never guessed."""
     from oracle.models.architectures import read_config_json
+    from oracle.models.size import read_dims
 
     try:
         raw = read_config_json(model_dir)
+        dims = read_dims(raw, model_dir / "config.json")
     except Exception:  # noqa: BLE001 - no config.json is no facts; the run reports the model error itself
         return {}
-    heads = raw.get("num_attention_heads")
-    kv = raw.get("num_key_value_heads", heads)
-    hidden = raw.get("hidden_size")
-    head_dim = raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
-                                       and heads else None)
+    heads = dims.get("num_attention_heads")
+    kv = dims.get("num_key_value_heads") or heads
+    hidden = dims.get("hidden_size")
+    head_dim = dims.get("head_dim") or (hidden // heads if hidden and heads else None)
+    architectures = raw.get("architectures")
     facts: dict[str, Any] = {"head_dim": head_dim, "num_attention_heads": heads, "num_key_value_heads": kv,
-                             "architecture": (raw.get("architectures") or [None])[0]}
-    if isinstance(heads, int) and isinstance(kv, int) and kv:
+                             "architecture": architectures[0] if isinstance(architectures, list) and architectures
+                             else None}
+    if heads and kv:
         facts["gqa_ratio"] = heads // kv
     return facts
 

@@ -21,6 +21,17 @@ from oracle.posture.probes import PROBES
 from oracle.runner import run
 
 
+@pytest.fixture
+def fake_model(fake_model: Path) -> Path:
+    """The fake checkpoint with its heads named (GQA ratio 1): FA3's packed-query probe needs the ratio."""
+    import json
+
+    config = json.loads((fake_model / "config.json").read_text())
+    (fake_model / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4,
+                                                        "num_key_value_heads": 4, "hidden_size": 64}))
+    return fake_model
+
+
 def fa3_config(model: Path, probes: list[str] | None = None, **engine: Any) -> dict[str, Any]:
     schedule: dict[str, Any] = {"trials": 8, "batch_size": [1, 9], "filler_len": [1, 64], "repeat_trials": 0,
                                 "shrink": False}
@@ -103,3 +114,46 @@ def test_merged_shards_with_probes_equal_the_unsharded_run(fake_model: Path, tmp
     data["report_dir"] = str(tmp_path / "r")
     merged = _assert_equal(tmp_path, data, n)
     assert merged["coverage"]["probe fa3_kv_256: above"] == 1 and merged["exit_code"] == 1
+
+
+def _model_dir(tmp_path: Path, config_json: dict[str, Any]) -> Path:
+    import json
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config_json))
+    return tmp_path / "m"
+
+
+def test_model_facts_read_every_spelling_and_a_multimodal_text_config(tmp_path: Path) -> None:
+    from oracle.posture import model_facts
+
+    facts = model_facts(_model_dir(tmp_path, {"architectures": ["X"], "text_config": {
+        "n_head": 32, "n_kv_heads": 8, "hidden_size": 4096}}))
+    assert facts == {"head_dim": 128, "num_attention_heads": 32, "num_key_value_heads": 8, "architecture": "X",
+                     "gqa_ratio": 4}
+
+
+def test_without_a_known_gqa_ratio_the_packed_query_probe_is_left_out(tmp_path: Path, fake_model: Path) -> None:
+    """FA3's packed-query threshold is query length x GQA ratio: with heads unknown no side can be placed
+    honestly, so that probe makes no trials (the KV-length probes, well over the limit, still run)."""
+    from oracle.posture import model_facts
+    from oracle.posture.probes import make_probes
+    from oracle.prompts import Target
+
+    headless = _model_dir(tmp_path, {"hidden_size": 64, "vocab_size": 128})
+    assert "gqa_ratio" not in model_facts(headless)
+    config = parse_config(fa3_config(fake_model))
+    targets = [Target("t", (1, 2, 3))]
+    names = {t.probe.partition(":")[0] for t in make_probes(config, targets, headless, 1, 0, 128).trials}
+    assert "fa3_packed_query" not in names and "fa3_kv_128" in names
+    known = {t.probe.partition(":")[0] for t in make_probes(config, targets, fake_model, 1, 0, 128).trials}
+    assert "fa3_packed_query" in known
+
+
+@pytest.mark.parametrize(("flag", "sampler"), [("1", "flashinfer"), ("0", "torch (VLLM_USE_FLASHINFER_SAMPLER=0)"),
+                                               (None, "unknown")])
+def test_vllm_sampler_posture_follows_the_flag_and_is_unknown_unset(flag: str | None, sampler: str) -> None:
+    from oracle.posture import UNKNOWN, _vllm_sampler
+
+    env = {} if flag is None else {"VLLM_USE_FLASHINFER_SAMPLER": flag}
+    assert _vllm_sampler(env) == (UNKNOWN if sampler == "unknown" else sampler)
