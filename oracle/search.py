@@ -207,6 +207,70 @@ def _no_local_constants() -> Iterator[None]:
         providers.CONSTANTS_CACHE = cache
 
 
+def _score(scores: dict[str, float]) -> None:
+    from hypothesis import target
+
+    for label, value in scores.items():
+        target(value, label=label)
+
+
+class _Search:
+    """One search's state across its rounds: the trials run, the failing ones, the gap targets, each label's best
+    value, and the exception that stopped it."""
+
+    def __init__(self, asked: int, first_id: int, observe: Observe, on_trial: Callable[[Trial, bool], None] | None,
+                 seen_trials: Iterable[Trial], prior: Iterable[tuple[Trial, Completion]]) -> None:
+        self.asked, self.first_id, self.observe, self.on_trial = asked, first_id, observe, on_trial
+        self.shapes = {shape(t) for t in seen_trials}
+        self.gaps = {k: _Seen() for k in TARGETS}
+        for trial, c in prior:
+            for k, v in observe_keys(trial, c).items():
+                self.gaps[k].add(v)
+        self.ran: list[Trial] = []
+        self.failing: list[int] = []
+        self.best: dict[str, float] = {}
+        self.stopped: list[BaseException] = []
+        self.scored: dict[tuple[Any, ...], dict[str, float]] = {}  # shape -> its scores: a shape seen again scores the same
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stopped) or len(self.ran) >= self.asked
+
+    def one(self, trial: Trial) -> None:
+        """One hypothesis example: run the drawn trial (once per shape, never one the schedule ran) and score it."""
+        from hypothesis import reject
+
+        if self.done:
+            return
+        key = shape(trial)
+        if key in self.shapes:
+            reject()  # the schedule ran it: never again, so the same draw is always rejected
+        if key in self.scored:  # hypothesis replays a draw, or draws another of the same shape: no second run
+            _score(self.scored[key])
+            return
+        trial = Trial(self.first_id + len(self.ran), trial.target, trial.position, trial.target_arrival_step,
+                      trial.fillers, trial.max_num_batched_tokens, origin="search")
+        self.ran.append(trial)
+        try:
+            c, d = self.observe(trial)
+        except BaseException as e:  # noqa: BLE001 - raised again after hypothesis returns, never shrunk by it
+            self.stopped.append(e)
+            return
+        if d is not None:
+            self.failing.append(trial.trial_id)
+        if self.on_trial is not None:
+            self.on_trial(trial, d is not None)
+        keys = observe_keys(trial, c)
+        scores = {f"{k}: gap to the nearest seen": float(self.gaps[k].gap(v)) for k, v in keys.items()}
+        for k, v in keys.items():
+            self.gaps[k].add(v)
+        scores[ULP_LABEL] = ulp_score(d)
+        self.scored[key] = scores
+        _score(scores)
+        for label, value in [*keys.items(), *scores.items()]:
+            self.best[label] = max(self.best.get(label, value), value)
+
+
 def run_search(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int, observe: Observe, first_id: int,
                seen_trials: Iterable[Trial] = (), prior: Iterable[tuple[Trial, Completion]] = (),
                on_trial: Callable[[Trial, bool], None] | None = None) -> SearchOutcome:
@@ -220,75 +284,29 @@ def run_search(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int, obser
     exception from `observe` (an engine error, a signal) stops the search and is raised once
     hypothesis has returned.
     """
-    from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings, target
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
 
     asked = cfg.search.trials
     h_seed = search_seed(seed)
     if asked <= 0 or not target_lens:
         return SearchOutcome(asked, h_seed)
-    shapes = {shape(t) for t in seen_trials}
-    gaps = {k: _Seen() for k in TARGETS}
-    for trial, c in prior:
-        for k, v in observe_keys(trial, c).items():
-            gaps[k].add(v)
-    ran: list[Trial] = []
-    failing: list[int] = []
-    best: dict[str, float] = {}
-    stopped: list[BaseException] = []
-
-    scored: dict[tuple[Any, ...], dict[str, float]] = {}  # shape -> its scores: a shape seen again scores the same
-
-    def score(scores: dict[str, float]) -> None:
-        for label, value in scores.items():
-            target(value, label=label)
-
-    def one(trial: Trial) -> None:
-        if stopped or len(ran) >= asked:
-            return
-        key = shape(trial)
-        if key in shapes:
-            reject()  # the schedule ran it: never again, so the same draw is always rejected
-        if key in scored:  # hypothesis replays a draw, or draws another of the same shape: no second run
-            score(scored[key])
-            return
-        trial = Trial(first_id + len(ran), trial.target, trial.position, trial.target_arrival_step, trial.fillers,
-                      trial.max_num_batched_tokens, origin="search")
-        ran.append(trial)
-        try:
-            c, d = observe(trial)
-        except BaseException as e:  # noqa: BLE001 - raised again after hypothesis returns, never shrunk by it
-            stopped.append(e)
-            return
-        if d is not None:
-            failing.append(trial.trial_id)
-        if on_trial is not None:
-            on_trial(trial, d is not None)
-        keys = observe_keys(trial, c)
-        scores = {f"{k}: gap to the nearest seen": float(gaps[k].gap(v)) for k, v in keys.items()}
-        for k, v in keys.items():
-            gaps[k].add(v)
-        scores[ULP_LABEL] = ulp_score(d)
-        scored[key] = scores
-        score(scores)
-        for label, value in [*keys.items(), *scores.items()]:
-            best[label] = max(best.get(label, value), value)
-
+    search = _Search(asked, first_id, observe, on_trial, seen_trials, prior)
     strategy = _trial_strategy(cfg, target_lens)
     idle = 0
     for round_ in range(asked + IDLE_ROUNDS):
-        before = len(ran)
+        before = len(search.ran)
         # Every setting given, so no loaded profile (a test suite's, hypothesis' "ci") changes the search.
         run = settings(
             max_examples=ROUND, derandomize=False, database=None, deadline=None,
             phases=(Phase.generate, Phase.target), suppress_health_check=list(HealthCheck),
             verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False, stateful_step_count=50,
-        )(hypothesis_seed(h_seed + round_)(given(strategy)(one)))
+        )(hypothesis_seed(h_seed + round_)(given(strategy)(search.one)))
         with _no_local_constants():
             run()
-        idle = idle + 1 if len(ran) == before else 0
-        if stopped or len(ran) >= asked or idle >= IDLE_ROUNDS:  # rounds that find nothing new: the ranges are spent
+        idle = idle + 1 if len(search.ran) == before else 0
+        if search.done or idle >= IDLE_ROUNDS:  # rounds that find nothing new: the ranges are spent
             break
-    if stopped:
-        raise stopped[0]
-    return SearchOutcome(asked, h_seed, tuple(ran), tuple(failing), dict(sorted(best.items())))
+    if search.stopped:
+        raise search.stopped[0]
+    return SearchOutcome(asked, h_seed, tuple(search.ran), tuple(search.failing), dict(sorted(search.best.items())))
