@@ -70,6 +70,21 @@ def _trusted(path: Path, trusted: bool) -> None:
         require_trust(path, config, trusted)
 
 
+def _setting(text: str) -> tuple[str, object]:
+    """An argparse type: `FIELD=VALUE` -> (dotted field, VALUE parsed as a YAML scalar or flow value)."""
+    import yaml
+
+    field, sep, raw = text.partition("=")
+    names = field.split(".")
+    if not sep or not all(n.isidentifier() for n in names):
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a dotted field name, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"{field}: VALUE is not YAML ({e})") from e
+    return field, value
+
+
 def _parser() -> argparse.ArgumentParser:
     from oracle import __version__
 
@@ -85,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--trials", type=_int_at_least(1), default=None, help="override schedule.trials")
     r.add_argument("--model", default=None, help="override model: preset:NAME, a checkpoint folder (relative to "
                                                  "the working directory) or a hub id")
+    r.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="FIELD=VALUE",
+                   help="override one config field by its dotted name, VALUE read as YAML (repeatable), e.g. "
+                        "--set engine.options.engine_args.attention_backend=TRITON_ATTN")
     r.add_argument("--db", type=Path, default=None, metavar="PATH",
                    help="example database folder: failing trials of earlier runs are replayed first, this "
                         "run's are saved (default: none, nothing written)")
@@ -163,6 +181,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.model is not None:  # a folder given on the command line is the working directory's, not the config's
         overrides["model"] = str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
     flags = {"schedule.trials": "--trials", "model": "--model"}
+    for field, value in args.settings:  # --trials and --model win over a --set of the same field
+        if field not in overrides:
+            overrides[field] = value
+            flags[field] = f"--set {field}"
     try:
         config = load_config(args.config, overrides or None, flags={k: flags[k] for k in overrides} or None)
         from oracle.engines import check_engine_packages
