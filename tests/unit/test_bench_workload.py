@@ -25,6 +25,9 @@ def test_seed_workload_has_the_blog_shape() -> None:
     assert workload_requests(w, 151936) == reqs  # seeded
 
 
+# A benchmark's smoke run (as test_bench_memory's): about 600 tokens a mode on the tiny model. The workload's
+# shape and the usage errors are checked in the default run; both modes' engines by the native engine's tests.
+@pytest.mark.slow
 def test_bench_workload_smoke_run_writes_both_modes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     code = main(["bench", "--workload", "seed", "--preset", "tiny-qwen3", "--sequences", "3", "--device", "cpu",

@@ -126,6 +126,9 @@ def test_cli_db_option_and_nothing_written_without_it(fake_model: Path, tmp_path
     assert (work / "db").is_dir() and not (work / ".hypothesis").exists()
 
 
+# The database's replay and update run fast above (runner and CLI); this is the plugin's option end to end, two
+# pytest sessions of 50 trials and a 200-trial search.
+@pytest.mark.slow
 def test_pytest_plugin_honours_oracle_db(pytester: pytest.Pytester, fake_model: Path, tmp_path: Path) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(SUPPORT)!r})\n")
