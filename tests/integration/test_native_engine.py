@@ -26,6 +26,9 @@ def engines(tiny_qwen3: Path) -> dict[str, NativeEngine]:
 
 
 
+# Every batch size to 33 at three places; the default run checks native invariance through the schedule
+# (tests/integration/test_native_schedule.py: batch 1-17 and its boundary sizes, full logits rows).
+@pytest.mark.slow
 def test_invariant_mode_is_bitwise_equal_to_solo_for_batch_1_to_33(engines: dict[str, NativeEngine]) -> None:
     ref = solo(engines["invariant"])
     for size in range(1, 34):
