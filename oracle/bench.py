@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from oracle.engines.contract import Engine, TimesForwardPasses, capabilities
 from oracle.errors import ConfigError
 
 
@@ -94,25 +95,26 @@ def _summary(rounds: list[Round]) -> dict[str, Any]:
 
 
 def _time_rounds(
-    run_once: Callable[[], int], engine: Any, warmup: int, rounds: int, label: str
+    run_once: Callable[[], int], engine: Engine, warmup: int, rounds: int, label: str
 ) -> tuple[list[Round], float]:
-    """`warmup` untimed runs, then `rounds` timed ones; returns the rounds and the warm-up seconds."""
+    """`warmup` untimed runs, then `rounds` timed ones; returns the rounds and the warm-up seconds. An engine
+    that times its forward passes (oracle.engines.contract.TimesForwardPasses) gives each round's share."""
     t0 = time.perf_counter()
     for _ in range(warmup):
         run_once()
     warm = time.perf_counter() - t0
     print(f"{label}: warm-up {warm:.2f} s", flush=True)
     out = []
-    timed = hasattr(engine, "forward_seconds")
+    timer = engine if capabilities(engine).forward_timing and isinstance(engine, TimesForwardPasses) else None
     for _ in range(rounds):
-        if timed:
-            engine.timed, engine.forward_seconds = True, 0.0
+        if timer is not None:
+            timer.timed, timer.forward_seconds = True, 0.0
         t0 = time.perf_counter()
         tokens = run_once()
         seconds = time.perf_counter() - t0
-        forward = engine.forward_seconds if timed else None
-        if timed:
-            engine.timed = False
+        forward = timer.forward_seconds if timer is not None else None
+        if timer is not None:
+            timer.timed = False
         out.append(Round(seconds, forward, tokens))
         print(f"{label}: round {len(out)} {seconds:.3f} s" + (f", forward {forward:.3f} s" if forward else ""),
               flush=True)
@@ -150,7 +152,7 @@ def bench_config(config_path: str, json_path: Path | None, warmup: int = 1, roun
     for mode in ("production", "invariant"):
         engine = build_engine(config.engine, plan.model_dir, mode)
 
-        def run_once(engine: Any = engine) -> int:
+        def run_once(engine: Engine = engine) -> int:
             tokens = 0
             for trial in plan.trials:
                 requests, _ = trial_requests(plan, trial)
@@ -224,6 +226,7 @@ def bench_workload(
     """Time the native engine on a named workload in both modes; `preset`/`num_seqs` shrink it (smoke runs)."""
     import torch
 
+    from oracle.config import EngineConfig
     from oracle.engines.native import NativeEngine
 
     _check_rounds(warmup, rounds)
@@ -245,8 +248,9 @@ def bench_workload(
         "warmup": warmup, "modes": {},
     }
     for mode in ("production", "invariant"):
-        engine = NativeEngine(decoder, mode, device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
-                              max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs)
+        engine = NativeEngine(decoder, mode, EngineConfig.of(
+            "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
+            max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs))
 
         def run_once(engine: NativeEngine = engine) -> int:
             return sum(len(o.token_ids) for o in engine.generate(requests))

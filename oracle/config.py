@@ -7,10 +7,11 @@ field path and the line it sits on.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -23,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from oracle.errors import ConfigError
 
@@ -42,6 +44,7 @@ MAX_CONFIG_BYTES = 8 << 20
 MAX_YAML_ALIASES = 1000
 MAX_YAML_NODES = 1_000_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -59,6 +62,8 @@ class NativeOptions(_Strict):
     """engine.options of the native engine."""
 
     stop_at_eos: bool = Field(False, description="finish a request at the model's EOS token (off: exactly max_tokens)")
+    cuda_graphs: bool | None = Field(
+        None, description="decode steps replay CUDA graphs (CUDA devices only); null: on where engine.device is CUDA")
 
 
 class TransformersOptions(_Strict):
@@ -105,6 +110,13 @@ class ModeURLs(_Strict):
         return _http_url(v)
 
 
+def field_error(field: str, message: str, value: Any) -> ValidationError:
+    """A validation error at `field` of the model being validated, for checks across its fields (a
+    model validator's own errors name no field)."""
+    return ValidationError.from_exception_data(
+        "options", [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(field,), input=value)])
+
+
 def _http_url(v: str) -> str:
     if not v.startswith(("http://", "https://")):
         raise ValueError(f"{v!r} is not an http:// or https:// URL")
@@ -144,12 +156,36 @@ class OpenAIOptions(_Strict):
     @model_validator(mode="after")
     def _server(self) -> OpenAIOptions:
         if self.base_url is not None and self.command is not None:
-            raise ValueError("give base_url or command, not both")
+            raise field_error("base_url", "give base_url or command, not both", self.base_url)
         if self.base_url is None and not self.command:
-            raise ValueError("give base_url (running servers) or command (to start one per mode)")
-        if self.command is not None and not any("{host}" in c for c in self.command):
-            raise ValueError("command must bind the server to {host} (oracle serves on 127.0.0.1 only)")
+            raise field_error("base_url", "give base_url (running servers) or command (to start one per mode)", None)
+        problem = _non_loopback(self.command or [])
+        if problem is not None:
+            raise field_error("command", problem, self.command)
         return self
+
+
+def _non_loopback(command: list[str]) -> str | None:
+    """Why `command` could start a server that listens beyond 127.0.0.1, or None: it must bind {host} and
+    name no other address.
+
+    A server on 0.0.0.0 would expose an unauthenticated model server to the runner's network for the
+    run. oracle cannot rewrite an arbitrary server's flags (each spells its bind option its own way,
+    and env vars or config files can set it too), so it refuses instead: here any IP literal that is
+    not loopback (0.0.0.0, ::, a LAN address), as an argument or the value of `--flag=VALUE`; and
+    once the server answers, the openai engine checks what it really bound.
+    """
+    if command and not any("{host}" in c for c in command):
+        return "must bind the server to {host} (oracle starts servers on 127.0.0.1 only)"
+    for item in command:
+        value = item.rpartition("=")[2] if item.startswith("-") else item
+        try:
+            address = ipaddress.ip_address(value.strip("[]"))
+        except ValueError:
+            continue
+        if not address.is_loopback:
+            return f"{item!r} binds {address}, not loopback; oracle starts servers on 127.0.0.1 only: pass {{host}} instead"
+    return None
 
 
 ENGINE_OPTIONS: dict[str, type[BaseModel]] = {
@@ -195,7 +231,30 @@ class EngineConfig(_Strict):
     def typed_options(self) -> BaseModel | None:
         """The options as the built-in engine's model (defaults filled in); None for a custom engine."""
         model = ENGINE_OPTIONS.get(self.kind)
-        return model.model_validate(self.options) if model is not None else None
+        return self.options_as(model) if model is not None else None
+
+    def options_as(self, model: type[OptionsT]) -> OptionsT:
+        """engine.options as `model`, a built-in engine's options (NativeOptions, ...) with its defaults
+        filled in: what that engine reads. `options` keeps only what was given (the report's config and
+        its digest do not move with a default). Validated when the config was read; an EngineConfig built
+        in Python with a wrong option is a ConfigError naming engine.options.FIELD."""
+        try:
+            return model.model_validate(self.options)
+        except ValidationError as e:
+            raise ConfigError(validation_message(e, ("engine", "options"))) from e
+
+    @classmethod
+    def of(cls, kind: str = "native", **values: Any) -> EngineConfig:
+        """An EngineConfig from keyword arguments as a Python caller writes them: the engine fields by name,
+        every other one an option of `kind` (`EngineConfig.of("openai", base_url=URL, concurrency=4)`). A
+        subclass of a built-in engine used as `module:Class` rebuilds its config so from the keyword
+        arguments it is given. ConfigError naming engine.FIELD or engine.options.FIELD when one is wrong."""
+        fields = {k: v for k, v in values.items() if k in cls.model_fields and k not in ("kind", "options")}
+        options = {k: v for k, v in values.items() if k not in fields}
+        try:
+            return cls.model_validate({"kind": kind, **fields, "options": options})
+        except ValidationError as e:
+            raise ConfigError(validation_message(e, ("engine",))) from e
 
 
 class RandomPrompts(_Strict):
@@ -610,11 +669,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
         err = e.errors()[0]
         loc = [str(x) for x in err["loc"]]
         field = ".".join(loc) or "<root>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif err["type"] == "missing":
-            msg = "required field missing"
+        msg = _error_text(err)
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
         flag = next((f for dotted, f in (flags or {}).items() if field == dotted or field.startswith(dotted + ".")),
                     None)
@@ -626,6 +681,23 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
     config._source, config._text = source, text
     _cross_check(config)
     return config
+
+
+def _error_text(err: Any) -> str:
+    """A pydantic error's message as the config's errors word it."""
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"] == "missing":
+        return "required field missing"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:
+    """`FIELD: message` of a validation error's first problem, the field's path starting with `under`."""
+    err = e.errors()[0]
+    field = ".".join([*under, *(str(x) for x in err["loc"])])
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{field}: {_error_text(err)}{more}"
 
 
 def _check_strings(data: Any, source: str, text: str | None) -> None:
@@ -665,6 +737,8 @@ def _cross_check(config: Config) -> None:
     if s.batch_size[1] > e.max_num_seqs:
         raise config.error(("schedule", "batch_size"), f"max {s.batch_size[1]} is above engine.max_num_seqs "
                            f"({e.max_num_seqs}): a trial would not fit one forward pass")
+    if e.kind == "native" and e.options_as(NativeOptions).cuda_graphs and not e.device.startswith("cuda"):
+        raise config.error(("engine", "options", "cuda_graphs"), f"needs a CUDA device, not engine.device {e.device!r}")
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

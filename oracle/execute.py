@@ -23,7 +23,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from oracle.compare import Divergence, first_divergence, row_digest, step_of
-from oracle.engines.contract import Completion, Engine, Mode, Request, RunSpec, SamplingParams, output_problem
+from oracle.engines.contract import (
+    Completion,
+    Engine,
+    Mode,
+    Request,
+    ResetsPrefixCache,
+    RunSpec,
+    SamplingParams,
+    capabilities,
+    output_problem,
+)
 from oracle.errors import ConfigError, EngineError, OracleError
 from oracle.observer import Observer
 from oracle.plan import Plan, solo_request, target_sampling, trial_requests
@@ -101,11 +111,11 @@ def generate(engine: Engine, requests: Sequence[Request], budget: int | None = N
         raise EngineError(f"engine generate() returned {type(out).__name__}, not a list of Completions")
     if len(out) != len(requests):
         raise EngineError(f"engine returned {len(out)} completions for {len(requests)} requests")
-    stop_at_eos = getattr(engine, "stop_at_eos", False) is True
+    stop_at_eos = capabilities(engine).stop_at_eos
     for r, c in zip(requests, out, strict=True):
         problem = output_problem(r, c, stop_at_eos)
         if problem is not None:
-            raise EngineError(f"{getattr(engine, 'mode', 'the')} engine, request {r.request_id}: {problem}; "
+            raise EngineError(f"{engine.mode} engine, request {r.request_id}: {problem}; "
                               "the model or server is broken (NaN/Inf weights, a truncated answer)")
     return out
 
@@ -134,10 +144,9 @@ def _step(d: Divergence | None) -> int | None:
 
 
 def fresh(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
-    """generate() from a cold prefix cache."""
-    reset = getattr(engine, "reset_prefix_cache", None)
-    if reset is not None:
-        reset()
+    """generate() from a cold prefix cache (where the engine has one it can reset)."""
+    if capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache):
+        engine.reset_prefix_cache()
     return generate(engine, requests, budget)
 
 
@@ -383,16 +392,17 @@ class ModeExecution:
 
     def _prefix_cache(self) -> None:
         """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
-        assert self.engine is not None
-        reset = getattr(self.engine, "reset_prefix_cache", None)
-        if reset is None or not self.describe.get("enable_prefix_caching"):
+        engine = self.engine
+        assert engine is not None
+        if not (capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache)
+                and self.describe.get("enable_prefix_caching")):
             self.prefix_note = "the engine runs without prefix caching (engine.enable_prefix_caching)"
             return
         for t in range(len(self.plan.targets)):
-            reset()
+            engine.reset_prefix_cache()
             req = solo_request(self.plan, t, "prefix")
-            cold = generate(self.engine, [req])[0]
-            warm = generate(self.engine, [req])[0]
+            cold = generate(engine, [req])[0]
+            warm = generate(engine, [req])[0]
             self.prefix[t] = (cold, warm)
         bad = [t for t, (cold, warm) in self.prefix.items() if first_divergence(cold, warm) is not None]
         for t in bad[:1]:

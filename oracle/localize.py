@@ -1,7 +1,7 @@
 """Localize on an engine: name the op where a target's bits first moved (`oracle localize REPORT.json`).
 
-The engine captures itself (`Engine.capture(run, rows)`, oracle.engines.contract) or, when its model runs
-in a worker process, localizes there (`Engine.localize(expected, actual, repro_dir)`, vLLM);
+The engine captures itself (`Capturable.capture(run, rows)`, oracle.engines.contract) or, when its model
+runs in a worker process, localizes there (`LocalizesInWorker.localize(expected, actual, repro_dir)`, vLLM);
 `oracle.capture` holds the capture, the rule, the confirmation and the repro. This module is the
 entry the runner and the CLI use, beside `oracle.replay`.
 """
@@ -10,42 +10,45 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from oracle.capture import LocalizedOp, localize_with
-from oracle.engines.contract import Mode, Request, RunSpec
+from oracle.engines.contract import (
+    Capturable,
+    Engine,
+    LocalizesInWorker,
+    Mode,
+    Request,
+    RunSpec,
+    capabilities,
+)
 from oracle.errors import EngineError
 
 __all__ = ["LocalizedOp", "RunSpec", "can_localize", "localize_from_report", "localize_runs", "localize_trial"]
 
 
-def _runs_elsewhere(engine: Any) -> bool:
-    """Engines whose model runs in another process localize there: `engine.localize(expected, actual, repro_dir)`."""
-    return callable(getattr(engine, "localize", None))
+def can_localize(engine: object) -> bool:
+    """True for engines that capture themselves (native, transformers) or localize in their worker (vLLM):
+    `Capabilities.localizes` (oracle.engines.contract)."""
+    return capabilities(engine).localizes
 
 
-def can_localize(engine: Any) -> bool:
-    """True for engines that capture themselves (native, transformers) or localize in their worker (vLLM)."""
-    return callable(getattr(engine, "capture", None)) or _runs_elsewhere(engine)
-
-
-def localize_runs(engine: Any, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
+def localize_runs(engine: Engine, expected: RunSpec, actual: RunSpec,
+                  repro_dir: Path | None = None) -> LocalizedOp | None:
     """Capture both runs on `engine`, name where the target's rows first differ (None: nowhere), confirm it.
 
     Both runs start from a reset prefix cache. The engine keeps its mode: pass the engine whose
     runs diverged (the invariant one for an invariance failure).
     """
-    if _runs_elsewhere(engine):
-        found: LocalizedOp | None = engine.localize(expected, actual, repro_dir)
-        return found
-    if not can_localize(engine):
+    declared = capabilities(engine)
+    if declared.localize and isinstance(engine, LocalizesInWorker):
+        return engine.localize(expected, actual, repro_dir)
+    if not (declared.capture and isinstance(engine, Capturable)):
         raise EngineError(f"localize: cannot capture ops of engine {type(engine).__name__} "
                           "(native, transformers and vLLM engines can)")
-    return localize_with(engine.capture, expected, actual, repro_dir=repro_dir,
-                         imports=getattr(engine, "op_packages", ()))
+    return localize_with(engine.capture, expected, actual, repro_dir=repro_dir, imports=declared.op_packages)
 
 
-def localize_trial(engine: Any, solo_requests: Sequence[Request], trial_requests: Sequence[Request],
+def localize_trial(engine: Engine, solo_requests: Sequence[Request], trial_requests: Sequence[Request],
                    target_index: int, budget: int | None = None, repro_dir: Path | None = None) -> LocalizedOp | None:
     """Where the target of a failing trial departs from its solo run.
 
@@ -81,7 +84,7 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
                 vocab_size_of(model_dir))
     engine = start_engine(config.engine, model_dir, mode)
     try:
-        if not can_localize(engine.engine):
+        if not can_localize(engine):
             raise EngineError(f"localize: engine {config.engine.kind} cannot be captured (native, transformers "
                               "and vLLM engines can)")
         requests, at = trial_requests(plan, trial)

@@ -17,12 +17,13 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from oracle.config import EngineConfig
-from oracle.engines.contract import Engine, Mode
+from oracle.config import EngineConfig, VllmOptions
+from oracle.engines.contract import Engine, Mode, missing_members
+from oracle.engines.contract import needs_weights as engine_needs_weights
 from oracle.errors import ConfigError, EngineError, OracleError
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def needs_weights(cfg: EngineConfig) -> bool:
     """Whether the engine reads the checkpoint's weights (openai: config.json is enough). A custom engine
     gets them (a hub id is fetched with its weights) unless its class says `needs_weights = False`."""
     if ":" in cfg.kind:
-        return bool(getattr(_custom_class(cfg), "needs_weights", True))
+        return engine_needs_weights(_custom_class(cfg))
     return cfg.kind in RUN_WEIGHTS
 
 
@@ -154,8 +155,7 @@ def check_model_size(cfg: EngineConfig, model_dir: Path, kv_tokens: int = 0,
         gpus = memory.gpus_free()
         places = [m for m in (memory.ram_available(), gpus) if m is not None]
         place = max(places, key=lambda m: m.bytes) if places else None
-        space = cfg.options.get("kv_cache_space_gib", 1)
-        pool = 0 if gpus is not None or not isinstance(space, int) else space << 30
+        pool = 0 if gpus is not None else cfg.options_as(VllmOptions).kv_cache_space_gib << 30
         estimate = size.estimate(raw, path, cfg.dtype, kv_bytes=pool)
     else:
         cuda = cfg.device.startswith("cuda")
@@ -229,62 +229,55 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Work
 
 
 def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
-    """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`, in this thread, without a deadline."""
+    """Build the engine `cfg.kind` for `mode`, after importing `cfg.preload`, in this thread, without a deadline.
+
+    A built-in engine gets `cfg` itself (its typed options: `EngineConfig.options_as`); a custom one
+    its keyword arguments (`custom_engine_kwargs`)."""
     for i, module in enumerate(cfg.preload):
         _import(module, f"engine.preload.{i}", cfg)
-    if cfg.kind == "native":
+    if ":" in cfg.kind:
+        return _construct_custom(cfg, model_dir, mode)
+    from oracle.instances import instance_config
+
+    # A mode's list of URLs (openai): the first server, unless the caller resolved another (cross_instance).
+    return builtin_class(cfg.kind)(model_dir, mode, instance_config(cfg, mode, 0))
+
+
+def builtin_class(kind: str) -> Callable[[Path, Mode, EngineConfig], Engine]:
+    """The class of built-in engine `kind`, imported now (each pulls in what it drives: torch, httpx)."""
+    if kind == "native":
         from oracle.engines.native import NativeEngine
 
-        try:
-            return NativeEngine(
-                model_dir, mode, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
-                max_num_batched_tokens=cfg.max_num_batched_tokens, enable_chunked_prefill=cfg.enable_chunked_prefill,
-                enable_prefix_caching=cfg.enable_prefix_caching, block_size=cfg.block_size,
-                num_threads=cfg.num_threads, **cfg.options,
-            )
-        except TypeError as e:
-            raise ConfigError(f"engine.options: {e}") from e
-    if cfg.kind == "transformers":
+        return NativeEngine
+    if kind == "transformers":
         from oracle.engines.transformers_engine import TransformersEngine
 
-        try:
-            return TransformersEngine(model_dir, mode, device=cfg.device, dtype=cfg.dtype,
-                                      num_threads=cfg.num_threads, **cfg.options)
-        except TypeError as e:
-            raise ConfigError(f"engine.options: {e}") from e
-    if cfg.kind == "vllm":
+        return TransformersEngine
+    if kind == "vllm":
         from oracle.engines.vllm_engine import VllmEngine
 
-        try:
-            return VllmEngine(
-                model_dir, mode, dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                enable_chunked_prefill=cfg.enable_chunked_prefill,
-                enable_prefix_caching=cfg.enable_prefix_caching, threads=cfg.num_threads, **cfg.options,
-            )
-        except TypeError as e:
-            raise ConfigError(f"engine.options: {e}") from e
-    if cfg.kind == "openai":
+        return VllmEngine
+    if kind == "openai":
         from oracle.engines.openai_engine import OpenAIEngine
-        from oracle.instances import instance_config
 
-        try:  # a mode's list of URLs: the first server, unless the caller resolved another (cross_instance)
-            return OpenAIEngine(model_dir, mode, **instance_config(cfg, mode, 0).options)
-        except TypeError as e:
-            raise ConfigError(f"engine.options: {e}") from e
-    if ":" in cfg.kind:
-        cls = _custom_class(cfg)
-        kwargs = custom_engine_kwargs(cfg, cls)
-        try:
-            engine = cls(model=model_dir, mode=mode, **kwargs)  # type: ignore[operator]
-        except TypeError as e:
-            raise ConfigError(f"engine.options: {cfg.kind}: {e}") from e
-        except OracleError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a user's engine may raise anything while starting
-            raise EngineError(f"engine {cfg.kind} failed to start: {type(e).__name__}: {e}") from e
-        missing = [m for m in ("generate", "describe", "close") if not callable(getattr(engine, m, None))]
-        if missing:
-            raise ConfigError(f"engine.kind: {cfg.kind} lacks {', '.join(missing)} (see the engine protocol)")
-        return engine  # type: ignore[no-any-return]
-    raise ConfigError(f"engine.kind: {cfg.kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")
+        return OpenAIEngine
+    raise ConfigError(f"engine.kind: {kind!r} is not one of {', '.join(BUILTIN)} or package.module:Class")
+
+
+def _construct_custom(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
+    """A user's `module:Class`, called as `Class(model=..., mode=..., **custom_engine_kwargs(cfg, Class))`."""
+    cls = _custom_class(cfg)
+    kwargs = custom_engine_kwargs(cfg, cls)
+    try:
+        engine = cls(model=model_dir, mode=mode, **kwargs)  # type: ignore[operator]
+    except TypeError as e:
+        raise ConfigError(f"engine.options: {cfg.kind}: {e}") from e
+    except OracleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's engine may raise anything while starting
+        raise EngineError(f"engine {cfg.kind} failed to start: {type(e).__name__}: {e}") from e
+    missing = missing_members(engine)
+    if missing:
+        raise ConfigError(f"engine.kind: {cfg.kind} lacks {', '.join(missing)} (see the engine protocol, "
+                          "oracle.engines.contract.Engine)")
+    return engine  # type: ignore[no-any-return]

@@ -3,6 +3,16 @@
 An engine is built for one mode. It takes a list of requests, each with the engine step (or, for
 servers, the delay in seconds) at which it arrives, and returns one `Completion` per request with
 the evidence of what shared its forward passes.
+
+`Engine` is what every engine provides: `mode`, `generate`, `describe`, `close`. Everything else is
+an optional capability, declared by implementing its protocol below (`StopsAtEos`,
+`ResetsPrefixCache`, `Capturable`, `LocalizesInWorker`, `LaysOutPasses`, `DeclaresOpPackages`,
+`TimesForwardPasses`); an engine class may also say `needs_weights = False` (`needs_weights`).
+`capabilities(engine)` reads them into one frozen `Capabilities`, with every field off for an engine
+that declares none, so an engine with the four required members runs every check that needs
+nothing more. Ask `capabilities(engine)` whether an engine can do something, never `isinstance`
+against a capability protocol alone: a wrapper (the watchdog's `GuardedEngine`) implements every
+capability's method and states its engine's through its own `capabilities`.
 """
 
 from __future__ import annotations
@@ -10,10 +20,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["MODES", "Completion", "Engine", "Mode", "Request", "RunSpec", "SamplingParams", "StepEvidence",
-           "output_problem"]
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from oracle.capture.rows import PassLayout, RowCapture
+    from oracle.capture.rules import LocalizedOp
+
+__all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
+           "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
+           "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "missing_members",
+           "needs_weights", "output_problem"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -101,7 +119,7 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the runner needs from an engine. `mode` is fixed at construction."""
+    """What the runner needs from every engine. `mode` is fixed at construction."""
 
     mode: Mode
 
@@ -109,7 +127,7 @@ class Engine(Protocol):
         """Run all requests (arriving as given) to completion; one Completion per request, in order.
 
         Each completion holds exactly `sampling.max_tokens` tokens (EOS does not stop a request),
-        unless the engine has an attribute `stop_at_eos` that is true; every logprob is finite.
+        unless the engine declares `StopsAtEos` with `stop_at_eos` true; every logprob is finite.
         `oracle.execute.generate` checks this (`output_problem`): anything else is an engine error.
 
         `max_num_batched_tokens`, when given, is this call's token budget per forward pass (a
@@ -127,6 +145,10 @@ class Engine(Protocol):
         ...
 
 
+# The members every engine has; a `module:Class` engine lacking one is a config error (`missing_members`).
+REQUIRED = ("mode", "generate", "describe", "close")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run to capture per op (localization): requests, the target's index among them, the per-pass
@@ -137,6 +159,140 @@ class RunSpec:
     target_index: int
     budget: int | None = None
     warm_with: tuple[Request, ...] = ()
+
+
+# --- optional capabilities: each a protocol an engine implements, or not -------------------------
+
+
+@runtime_checkable
+class StopsAtEos(Protocol):
+    """`stop_at_eos` true: a request finishes at the model's EOS token, so a completion may hold fewer
+    than `max_tokens` tokens (at least one). Read once, when the engine is wrapped (native: the
+    `engine.options.stop_at_eos` option)."""
+
+    stop_at_eos: bool
+
+
+@runtime_checkable
+class ResetsPrefixCache(Protocol):
+    """An engine with a prefix cache that can be emptied. Every reference and trial starts from a cold
+    cache through it (`oracle.execute.fresh`), and the prefix_cache check needs it; without it those
+    runs start from whatever the engine kept, and the check is skipped with a note."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached KV block: the next requests run cold."""
+        ...
+
+
+@runtime_checkable
+class Capturable(Protocol):
+    """An engine whose model runs in this process and can be captured per op (native, transformers):
+    localization (`oracle.localize`, `oracle.capture`) runs both sides of a divergence through it."""
+
+    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
+        """Reset the prefix cache, run `run.warm_with` uncaptured, then `run.requests` (with `run.budget`)
+        with `rows` active on every forward pass that holds the target; the target's Completion.
+        Runs every pass eagerly (no CUDA graphs), on the calling thread."""
+        ...
+
+
+@runtime_checkable
+class LocalizesInWorker(Protocol):
+    """An engine whose model runs in another process (vLLM's worker): it localizes there, both runs
+    captured, the op confirmed alone and `repro_dir` written in that process."""
+
+    def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
+        """The first op where the target's rows of `actual` depart from `expected`'s, or None."""
+        ...
+
+
+@runtime_checkable
+class LaysOutPasses(Protocol):
+    """A Hugging Face engine whose forward passes are not `[B, S]` rows of one request each (packed
+    passes): `oracle.engines.hf_capture` asks it where the target's tokens sit, from inside its own
+    capture, on its own thread."""
+
+    def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
+        """Where the target's tokens are in forward pass `forward_pass` called with `kwargs`; None: not in it."""
+        ...
+
+
+@runtime_checkable
+class DeclaresOpPackages(Protocol):
+    """Modules that register the engine's custom ops (`torch.library`): a localized op's `repro/`
+    imports them before it runs the op alone."""
+
+    op_packages: Sequence[str]
+
+
+@runtime_checkable
+class TimesForwardPasses(Protocol):
+    """Time spent inside forward passes, for `oracle bench`: while `timed` is true every pass adds its
+    seconds (device time where the device keeps it) to `forward_seconds`."""
+
+    timed: bool
+    forward_seconds: float
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond `Engine`, as `capabilities(engine)` reads it; each field says whether it
+    implements the protocol of that name (off, or empty, when it does not)."""
+
+    stop_at_eos: bool = False  # StopsAtEos, with stop_at_eos true
+    reset_prefix_cache: bool = False  # ResetsPrefixCache
+    capture: bool = False  # Capturable
+    localize: bool = False  # LocalizesInWorker
+    localize_layout: bool = False  # LaysOutPasses
+    op_packages: tuple[str, ...] = ()  # DeclaresOpPackages
+    forward_timing: bool = False  # TimesForwardPasses
+
+    @property
+    def localizes(self) -> bool:
+        """Its ops can be localized: it captures itself, or localizes in its worker."""
+        return self.capture or self.localize
+
+
+@runtime_checkable
+class _StatesCapabilities(Protocol):
+    capabilities: Capabilities
+
+
+def capabilities(engine: object) -> Capabilities:
+    """The optional capabilities `engine` implements (see the protocols above).
+
+    An object that states its own `capabilities: Capabilities` (a wrapper: `GuardedEngine` states its
+    engine's) is taken at its word; any other is read from the protocols it implements.
+    """
+    if isinstance(engine, _StatesCapabilities) and isinstance(engine.capabilities, Capabilities):
+        return engine.capabilities
+    packages = engine.op_packages if isinstance(engine, DeclaresOpPackages) else ()
+    return Capabilities(
+        stop_at_eos=isinstance(engine, StopsAtEos) and engine.stop_at_eos is True,
+        reset_prefix_cache=isinstance(engine, ResetsPrefixCache),
+        capture=isinstance(engine, Capturable),
+        localize=isinstance(engine, LocalizesInWorker),
+        localize_layout=isinstance(engine, LaysOutPasses),
+        op_packages=(packages,) if isinstance(packages, str) else tuple(str(p) for p in packages),
+        forward_timing=isinstance(engine, TimesForwardPasses),
+    )
+
+
+def missing_members(engine: object) -> list[str]:
+    """The members of `Engine` that `engine` lacks (methods must be callable): empty for an engine."""
+    return [name for name in REQUIRED
+            if not hasattr(engine, name) or (name != "mode" and not callable(getattr(engine, name)))]
+
+
+@runtime_checkable
+class _SaysNeedsWeights(Protocol):
+    needs_weights: bool
+
+
+def needs_weights(engine_class: object) -> bool:
+    """Whether an engine class reads the checkpoint's weights: true unless it says `needs_weights = False`
+    (a client of a server reads config.json and the tokenizer only, so a hub id is fetched without them)."""
+    return not isinstance(engine_class, _SaysNeedsWeights) or bool(engine_class.needs_weights)
 
 
 def _nonfinite(values: Any) -> tuple[int, float] | None:

@@ -6,12 +6,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from oracle.capture.rows import Grid, PassLayout, RowCapture
-from oracle.engines.contract import Completion, RunSpec
+from oracle.engines.contract import (
+    Completion,
+    Engine,
+    LaysOutPasses,
+    ResetsPrefixCache,
+    RunSpec,
+    capabilities,
+)
 
 
 def hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
@@ -48,14 +55,20 @@ def hf_layout(forward_pass: int, kwargs: dict[str, Any], target_index: int) -> P
     return PassLayout(forward_pass, forward_pass, tuple(grids), evidence)
 
 
-def capture_hf(engine: Any, run: RunSpec, rows: RowCapture) -> Completion:
+class HFEngine(Engine, Protocol):
+    """An engine over a Hugging Face module (`model`): what `capture_hf` drives."""
+
+    model: torch.nn.Module
+
+
+def capture_hf(engine: HFEngine, run: RunSpec, rows: RowCapture) -> Completion:
     """Hooks on `engine.model`: every submodule's qualified name is the scope; the top forward is a pass.
 
     Where the target's tokens sit in a forward comes from `hf_layout` (`input_ids` [B, S], row
-    `target_index`), or from `engine.localize_layout(forward_pass, forward_kwargs, target_index)
-    -> PassLayout | None` when the engine defines one.
+    `target_index`), or from the engine's `localize_layout` when it declares one
+    (`oracle.engines.contract.LaysOutPasses`).
     """
-    model: torch.nn.Module = engine.model
+    model = engine.model
     stack: list[str] = []
     rows.module_path = lambda: stack[-1] if stack else ""
     capture = rows
@@ -64,7 +77,9 @@ def capture_hf(engine: Any, run: RunSpec, rows: RowCapture) -> Completion:
     handles: list[Any] = []
 
     # An engine that lays its rows out otherwise (packed, one row per request) says where the target is.
-    layout_of = getattr(engine, "localize_layout", None) or hf_layout
+    layout_of = hf_layout
+    if capabilities(engine).localize_layout and isinstance(engine, LaysOutPasses):
+        layout_of = engine.localize_layout
 
     def begin(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         layout = layout_of(next(counter), {**kwargs, **({"input_ids": args[0]} if args else {})},
@@ -94,9 +109,8 @@ def capture_hf(engine: Any, run: RunSpec, rows: RowCapture) -> Completion:
             handles.append(module.register_forward_pre_hook(push(name)))
             handles.append(module.register_forward_hook(pop, always_call=True))
     try:
-        reset = getattr(engine, "reset_prefix_cache", None)
-        if reset is not None:
-            reset()
+        if capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache):
+            engine.reset_prefix_cache()
         if run.warm_with:
             engine.generate(run.warm_with)
         out = engine.generate(run.requests, run.budget) if run.budget else engine.generate(run.requests)

@@ -60,7 +60,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.engines.contract import MODES, Completion, Mode, Request, StepEvidence
+from oracle.config import EngineConfig, ModeURLs, OpenAIOptions
+from oracle.engines.contract import Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
 from oracle.lifecycle import tether
 
@@ -183,98 +184,51 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
 
 
 class OpenAIEngine:
-    """Implements `oracle.engines.contract.Engine` over an OpenAI-compatible HTTP server."""
+    """Implements `oracle.engines.contract.Engine` over an OpenAI-compatible HTTP server.
 
-    def __init__(
-        self,
-        model: Path | str,
-        mode: Mode,
-        *,
-        base_url: str | dict[str, str] | None = None,
-        command: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        mode_env: dict[str, dict[str, str]] | None = None,
-        served_model_name: str | None = None,
-        concurrency: int = 32,
-        arrival_step_s: float = 0.02,
-        logprobs: int = 5,
-        request_timeout_s: float = 120,
-        startup_timeout_s: float = 300,
-        max_retries: int = 4,
-        retry_backoff_s: float = 0.5,
-        api_key: str | None = None,
-    ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"openai engine: mode {mode!r} is not one of {', '.join(MODES)}")
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"{_option('concurrency')}: must be a positive integer, got {concurrency!r}")
-        if not isinstance(logprobs, int) or logprobs < 2:
-            raise ConfigError(f"{_option('logprobs')}: must be an integer >= 2 (the top-2 margin needs two)")
-        for name, value in (("arrival_step_s", arrival_step_s), ("request_timeout_s", request_timeout_s),
-                            ("startup_timeout_s", startup_timeout_s)):
-            if not isinstance(value, (int, float)) or value < 0 or (name != "arrival_step_s" and value == 0):
-                raise ConfigError(f"{_option(name)}: must be a positive number, got {value!r}")
-        if base_url is not None and command is not None:
-            raise ConfigError(f"{_option('base_url')}: give base_url or command, not both")
-        if base_url is None and not command:
-            raise ConfigError(f"{_option('base_url')}: give base_url (a running server) or command (to start one)")
-        if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
-            raise ConfigError(f"{_option('command')}: must be a list of strings")
-        if command is not None:
-            check_bind(command)
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError(f"{_option('max_retries')}: must be an integer >= 0, got {max_retries!r}")
-        if not isinstance(retry_backoff_s, (int, float)) or retry_backoff_s < 0:
-            raise ConfigError(f"{_option('retry_backoff_s')}: must be a number >= 0, got {retry_backoff_s!r}")
-        self.warnings: list[str] = []
-        if isinstance(base_url, dict):
-            missing = [m for m in MODES if not isinstance(base_url.get(m), str)]
-            extra = [k for k in base_url if k not in MODES]
-            if missing or extra:
-                raise ConfigError(f"{_option('base_url')}: give a URL for each of {', '.join(MODES)}"
-                                  + (f" (not {extra[0]!r})" if extra else ""))
-            base_url = base_url[mode]
-        elif isinstance(base_url, str):
-            self.warnings.append(SHARED_URL_WARNING)
-        mode_env = mode_env or {}
-        unknown = [m for m in mode_env if m not in MODES]
-        if unknown:
-            raise ConfigError(f"{_option('mode_env')}: {unknown[0]!r} is not one of {', '.join(MODES)}")
+    Configured by `config.options` (`oracle.config.OpenAIOptions`: a running server per mode, or the
+    command that starts one); the engine fields do not apply to a server.
+    """
+
+    def __init__(self, model: Path | str, mode: Mode, config: EngineConfig) -> None:
+        options = config.options_as(OpenAIOptions)
         self._httpx = _import_httpx()
         self.mode: Mode = mode
         self.model = Path(model)
-        self.concurrency = concurrency
-        self.arrival_step_s = float(arrival_step_s)
-        self.logprobs = logprobs
-        self.request_timeout_s = float(request_timeout_s)
-        self.max_retries = max_retries
-        self.retry_backoff_s = float(retry_backoff_s)
-        key = api_key or os.environ.get("OPENAI_API_KEY")
+        self.concurrency = options.concurrency
+        self.arrival_step_s = float(options.arrival_step_s)
+        self.logprobs = options.logprobs
+        self.request_timeout_s = float(options.request_timeout_s)
+        self.max_retries = options.max_retries
+        self.retry_backoff_s = float(options.retry_backoff_s)
+        key = options.api_key or os.environ.get("OPENAI_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.retries: dict[str, int] = {}  # reason ("HTTP 503", "ReadError") -> retries made
-        self.mode_env = {str(k): str(v) for k, v in mode_env.get(mode, {}).items()}
+        self.mode_env = dict(options.mode_env.get(mode, {}))
+        self.warnings: list[str] = [SHARED_URL_WARNING] if isinstance(options.base_url, str) else []
         self._server: _Server | None = None
         self.command: list[str] | None = None
-        if base_url is None:
-            port = _free_port()
-            subs = {"{python}": sys.executable, "{model}": str(self.model), "{host}": HOST, "{port}": str(port)}
-            self.command = [_substitute(c, subs) for c in command or []]
-            server_env = dict(os.environ)
-            server_env.update({str(k): str(v) for k, v in (env or {}).items()})
-            server_env.update(self.mode_env)
-            base_url = f"http://{HOST}:{port}"
-            self._server = _Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
-            try:
-                self._server.check_loopback(port)
-            except BaseException:
-                self.close()
-                raise
-        self.base_url = base_url.rstrip("/")
         try:
-            self._info = self._probe(served_model_name)
+            if options.base_url is None:
+                self.base_url = self._start_server(options.command or [], options.env, options.startup_timeout_s)
+            else:
+                self.base_url = mode_url(options.base_url, mode).rstrip("/")
+            self._info = self._probe(options.served_model_name)
         except BaseException:
             self.close()
             raise
+
+    def _start_server(self, command: list[str], env: dict[str, str], startup_timeout_s: float) -> str:
+        """Start the mode's server on a free port of 127.0.0.1 (the command's {python}, {model}, {host} and
+        {port} substituted; `env` and the mode's env added to ours); its URL once it answers."""
+        port = _free_port()
+        subs = {"{python}": sys.executable, "{model}": str(self.model), "{host}": HOST, "{port}": str(port)}
+        self.command = [_substitute(c, subs) for c in command]
+        server_env = {**os.environ, **env, **self.mode_env}
+        base_url = f"http://{HOST}:{port}"
+        self._server = _Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
+        self._server.check_loopback(port)
+        return base_url
 
     def _probe(self, served_model_name: str | None) -> dict[str, Any]:
         """Ask the server what it serves and its version; a server that does not answer is an EngineError."""
@@ -470,27 +424,13 @@ class OpenAIEngine:
         return self._server.proc.pid if self._server is not None else None
 
 
-def check_bind(command: list[str]) -> None:
-    """A server command binds {host} (127.0.0.1) and names no other address: ConfigError otherwise.
-
-    A server on 0.0.0.0 would expose an unauthenticated model server to the runner's network for the
-    run. oracle cannot rewrite an arbitrary server's flags (each spells its bind option its own way,
-    and env vars or config files can set it too), so it refuses instead: here any IP literal that is
-    not loopback (0.0.0.0, ::, a LAN address), as an argument or the value of `--flag=VALUE`; and once
-    the server answers, `listening_hosts` checks what it really bound.
-    """
-    if not any("{host}" in c for c in command):
-        raise ConfigError(f"{_option('command')}: must bind the server to {{host}} "
-                          f"(oracle starts servers on {HOST} only)")
-    for item in command:
-        value = item.rpartition("=")[2] if item.startswith("-") else item
-        try:
-            address = ipaddress.ip_address(value.strip("[]"))
-        except ValueError:
-            continue
-        if not address.is_loopback:
-            raise ConfigError(f"{_option('command')}: {item!r} binds {address}, not loopback; oracle starts "
-                              f"servers on {HOST} only: pass {{host}} instead")
+def mode_url(base_url: str | ModeURLs, mode: Mode) -> str:
+    """The URL of `mode`'s server: one URL serves both modes; of a mode's list, the first (the cross_instance
+    check resolves its second instance's beforehand, oracle.instances)."""
+    if isinstance(base_url, str):
+        return base_url
+    url = base_url.invariant if mode == "invariant" else base_url.production
+    return url if isinstance(url, str) else url[0]
 
 
 def listening_hosts(port: int) -> list[str] | None:

@@ -23,16 +23,20 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import oracle_kernels
 import torch
 
-from oracle.engines.contract import Completion, Mode, Request, StepEvidence
+from oracle.config import EngineConfig, TransformersOptions
+from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.engines.native.sampler import choose, request_generator
 from oracle.engines.transformers_packed import Packing, SequenceCache, packed
 from oracle.errors import ConfigError, EngineError, ModelError
+
+if TYPE_CHECKING:
+    from oracle.capture.rows import PassLayout, RowCapture
 
 
 @dataclass
@@ -58,28 +62,30 @@ class _Running:
 
 
 class TransformersEngine:
-    """Implements `oracle.engines.contract.Engine` over a transformers `AutoModelForCausalLM`."""
+    """Implements `oracle.engines.contract.Engine` over a transformers `AutoModelForCausalLM`, with the
+    optional capabilities Capturable and LaysOutPasses.
 
-    def __init__(self, model: Path, mode: Mode, *, device: str = "cpu", dtype: str = "float32",
-                 attn_implementation: str = "eager", num_threads: int | None = None) -> None:
+    Configured by `config` (engine.device, dtype, num_threads and `TransformersOptions`; the config's
+    defaults when None)."""
+
+    def __init__(self, model: Path, mode: Mode, config: EngineConfig | None = None) -> None:
         try:
             import transformers
         except ImportError as e:
             raise ConfigError("engine.kind: transformers needs the extra: pip install 'oracle-determinism[transformers]'") from e
-        if dtype not in DTYPES:
-            raise ConfigError(f"engine.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        config = config or EngineConfig.of("transformers")
         self.mode = mode
-        self.device = torch.device(device)
-        self.num_threads = num_threads
+        self.device = torch.device(config.device)
+        self.num_threads = config.num_threads
         self.version = transformers.__version__
-        self.attn_implementation = attn_implementation
+        self.attn_implementation = attn_implementation = config.options_as(TransformersOptions).attn_implementation
         if mode == "invariant":
             from oracle.engines.transformers_packed import register
 
             attn_implementation = register()
         try:
             loaded = transformers.AutoModelForCausalLM.from_pretrained(
-                str(model), dtype=DTYPES[dtype], attn_implementation=attn_implementation)
+                str(model), dtype=DTYPES[config.dtype], attn_implementation=attn_implementation)
             self.model = loaded.to(self.device)  # type: ignore[arg-type]
         except (OSError, ValueError, KeyError) as e:
             raise EngineError(f"transformers could not load {model}: {e}") from e
@@ -189,13 +195,13 @@ class TransformersEngine:
             r.logprobs.append(float(logprobs[b, chosen[b]]))
             r.rows.append(logits[b].cpu())
 
-    def capture(self, run: Any, rows: Any) -> Completion:
+    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
         """Run `run` with `rows` capturing each forward that holds the target (oracle.capture)."""
         from oracle.engines.hf_capture import capture_hf
 
         return capture_hf(self, run, rows)
 
-    def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> Any:
+    def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
         """Where the target's tokens sit in this forward (oracle.capture): packed rows, else padded ones."""
         from oracle.capture.rows import Grid, PassLayout
         from oracle.engines.hf_capture import hf_layout

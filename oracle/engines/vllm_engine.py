@@ -11,12 +11,13 @@ What is compared: token ids, and vLLM's float32 log-probabilities. vLLM returns 
 logits, so with `sampling.logits: full` each `Completion.logits[i]` is the float32 log-softmax row
 over the vocabulary, and `top2` holds the top two logprobs (their difference is the logit margin).
 
-Config (`engine.kind: oracle.engines.vllm_engine:VllmEngine`, keyword arguments in `engine.options`):
+Config (`engine.kind: vllm`): the engine fields dtype, max_num_seqs, max_num_batched_tokens,
+enable_chunked_prefill, enable_prefix_caching and num_threads (the worker's OMP_NUM_THREADS), and
+`engine.options` typed as `oracle.config.VllmOptions`:
 
-    dtype, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching
     invariance: "oracle_kernels" | "vllm" | "none"   what invariant mode means (see `INVARIANCE`)
     logprobs: top-k logprobs per step when full rows are not asked for (>= 2, for the margin)
-    threads: OMP_NUM_THREADS of the worker; split_kv: VLLM_CPU_ATTN_SPLIT_KV of the invariant worker (None: vLLM's default; production always has it)
+    split_kv: VLLM_CPU_ATTN_SPLIT_KV of the invariant worker (None: vLLM's default; production always has it)
     engine_args: extra `vllm.EngineArgs` fields; env: extra environment variables of the worker
 """
 
@@ -37,7 +38,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oracle.engines.contract import MODES, Completion, Mode, Request
+from oracle.config import EngineConfig, VllmOptions
+from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
 from oracle.lifecycle import tether
@@ -52,7 +54,6 @@ INVARIANCE = {
     "vllm": "VLLM_BATCH_INVARIANT=1 (vLLM's own batch-invariant kernels)",
     "none": "none (invariant mode runs vLLM's default kernels)",
 }
-DTYPES = ("float32", "bfloat16", "float16")
 _LOG_TAIL_LINES = 15
 _STOP_GRACE_S = 10.0  # a worker asked to close may take this long before it is terminated, then killed
 
@@ -76,84 +77,56 @@ def _option(name: str) -> str:
 
 
 class VllmEngine:
-    """Implements `oracle.engines.contract.Engine` over a vLLM worker process."""
+    """Implements `oracle.engines.contract.Engine` over a vLLM worker process, with the optional
+    capabilities ResetsPrefixCache and LocalizesInWorker.
 
-    def __init__(
-        self,
-        model: Path | str,
-        mode: Mode,
-        *,
-        dtype: str = "bfloat16",
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 256,
-        enable_chunked_prefill: bool = True,
-        enable_prefix_caching: bool = False,
-        invariance: str = "oracle_kernels",
-        logprobs: int = 5,
-        threads: int | None = None,
-        split_kv: bool | None = None,
-        enforce_eager: bool = True,
-        max_model_len: int | None = None,
-        kv_cache_space_gib: int = 1,
-        seed: int = 0,
-        audit: bool = True,
-        start_timeout_s: float = 300.0,
-        timeout_s: float = 600.0,
-        log_level: str = "WARNING",
-        engine_args: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"vllm engine: mode {mode!r} is not one of {', '.join(MODES)}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"{_option('dtype')}: {dtype!r} is not one of {', '.join(DTYPES)}")
-        if invariance not in INVARIANCE:
-            raise ConfigError(f"{_option('invariance')}: {invariance!r} is not one of {', '.join(INVARIANCE)}")
-        if not isinstance(logprobs, int) or logprobs < 2:
-            raise ConfigError(f"{_option('logprobs')}: must be an integer >= 2 (the top-2 margin needs two)")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("threads", threads), ("kv_cache_space_gib", kv_cache_space_gib)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{_option(name)}: must be a positive integer, got {value!r}")
+    Configured by `config`: engine.dtype, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+    enable_prefix_caching, num_threads (the worker's OMP_NUM_THREADS) and `VllmOptions` (the config's
+    defaults when None).
+    """
+
+    def __init__(self, model: Path | str, mode: Mode, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig.of("vllm")
+        options = config.options_as(VllmOptions)
         model_dir = Path(model)
         if not (model_dir / "config.json").is_file():
             raise ConfigError(f"vllm engine: {model_dir} holds no config.json (an HF-format checkpoint directory)")
         self.mode: Mode = mode
         self.spec = WorkerSpec(
-            model=str(model_dir), mode=mode, invariance=invariance, dtype=dtype, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching, logprobs=logprobs, enforce_eager=enforce_eager,
-            max_model_len=max_model_len, seed=seed, audit=audit, engine_args=dict(engine_args or {}),
+            model=str(model_dir), mode=mode, invariance=options.invariance, dtype=config.dtype,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill, enable_prefix_caching=config.enable_prefix_caching,
+            logprobs=options.logprobs, enforce_eager=options.enforce_eager, max_model_len=options.max_model_len,
+            seed=options.seed, audit=options.audit, engine_args=dict(options.engine_args),
         )
-        self.timeout_s = timeout_s
-        self.start_timeout_s = start_timeout_s
-        self.env = self._worker_env(mode, invariance, threads, split_kv, kv_cache_space_gib, log_level, env or {})
+        self.timeout_s = options.timeout_s
+        self.start_timeout_s = options.start_timeout_s
+        self.env = self._worker_env(mode, options, config.num_threads)
         self._worker: _Worker | None = None
-        self._worker = _Worker.start(self.spec, self.env, start_timeout_s)
+        self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         self._info = self._worker.info  # what the worker found at start; describe() works after close()
 
     @staticmethod
-    def _worker_env(mode: Mode, invariance: str, threads: int | None, split_kv: bool | None,
-                    kv_cache_space_gib: int, log_level: str, extra: dict[str, str]) -> dict[str, str]:
+    def _worker_env(mode: Mode, options: VllmOptions, threads: int | None) -> dict[str, str]:
         env = dict(os.environ)
         for name in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING"):
             env.pop(name, None)  # the mode decides these, not the caller's shell
         env.update({
             # In-process engine core: starts in seconds, and this worker can step it itself.
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib),
-            "VLLM_LOGGING_LEVEL": log_level,
+            "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_space_gib),
+            "VLLM_LOGGING_LEVEL": options.log_level,
             "TOKENIZERS_PARALLELISM": "false",
         })
-        if mode == "invariant" and invariance == "vllm":
+        if mode == "invariant" and options.invariance == "vllm":
             env["VLLM_BATCH_INVARIANT"] = "1"
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         # An invariant-mode setting: production keeps vLLM's default (split-KV attention, splits chosen from
         # the batch), or it would run the invariant path and could never diverge (negative control vacuous).
-        if split_kv is not None and mode == "invariant":
-            env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if split_kv else "0"
-        env.update({str(k): str(v) for k, v in extra.items()})
+        if options.split_kv is not None and mode == "invariant":
+            env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if options.split_kv else "0"
+        env.update({str(k): str(v) for k, v in options.env.items()})
         return env
 
     def describe(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ engine's own start timeout where it has one, see `start_timeout`):
 | start: the constructor (model load, worker handshake, server start and first probe) | `start_timeout(cfg)` |
 | references, trials, repeats, shrink, prefill/decode, prefix cache: each generate call | `engine.timeout_s` |
 | describe, reset_prefix_cache | `engine.timeout_s` |
+| capture (one captured run, its warm-up run included) | `engine.timeout_s` per run |
 | localize (in a run, and `oracle localize`): both captured runs and the confirmation | 3 x `engine.timeout_s` |
 | close | `engine.timeout_s`; at most 30 s once a call was abandoned |
 
@@ -28,12 +29,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from oracle.engines.contract import (
+    Capabilities,
+    Capturable,
+    Completion,
+    Engine,
+    LocalizesInWorker,
+    Mode,
+    Request,
+    ResetsPrefixCache,
+    RunSpec,
+    capabilities,
+)
 from oracle.errors import EngineError, OracleError
 from oracle.lifecycle.exit_trap import ENGINE_THREAD
 
 if TYPE_CHECKING:
+    from oracle.capture.rows import RowCapture
+    from oracle.capture.rules import LocalizedOp
     from oracle.config import EngineConfig
-    from oracle.engines.contract import Completion, Mode, Request
 
 T = TypeVar("T")
 CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
@@ -41,8 +55,6 @@ LOCALIZE_CALLS = 3  # localize runs both sides captured and confirms: up to thre
 # Beyond an engine's own start timeout (a vLLM worker's or a started server's): stopping what it
 # started after that timeout (a worker's stop takes up to 20 s) and its first probe.
 START_GRACE_S = 60.0
-# The engine option holding an engine kind's own start timeout, and its default (oracle.config's).
-ENGINE_START_OPTIONS = {"vllm": ("start_timeout_s", 300.0), "openai": ("startup_timeout_s", 300.0)}
 
 
 def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
@@ -56,14 +68,23 @@ def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
     """
     if cfg.timeout_s is None:
         return None, "engine.timeout_s"
-    option = ENGINE_START_OPTIONS.get(cfg.kind)
-    if option is None or (cfg.kind == "openai" and not cfg.options.get("command")):
+    own = _own_start_timeout(cfg)
+    if own is None:
         return cfg.timeout_s, "engine.timeout_s"
-    name, default = option
-    own = cfg.options.get(name, default)
-    if not isinstance(own, (int, float)) or isinstance(own, bool) or own <= 0:
-        own = default  # the engine rejects it itself, with a message naming the option
-    return cfg.timeout_s + float(own) + START_GRACE_S, f"engine.timeout_s + engine.options.{name} + {START_GRACE_S:g} s"
+    name, seconds = own
+    return cfg.timeout_s + seconds + START_GRACE_S, f"engine.timeout_s + engine.options.{name} + {START_GRACE_S:g} s"
+
+
+def _own_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
+    """The option holding the engine's own start timeout and its value (typed: the default is the option's)."""
+    from oracle.config import OpenAIOptions, VllmOptions
+
+    if cfg.kind == "vllm":
+        return "start_timeout_s", cfg.options_as(VllmOptions).start_timeout_s
+    if cfg.kind == "openai":
+        options = cfg.options_as(OpenAIOptions)
+        return ("startup_timeout_s", options.startup_timeout_s) if options.command else None
+    return None
 
 
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
@@ -150,16 +171,25 @@ def call(fn: Callable[[], T], timeout_s: float | None, what: str, worker: Worker
 class GuardedEngine:
     """An engine whose every call goes through `call` with the config's `engine.timeout_s`.
 
-    A generate call that runs past it names the phase it was in (the references, a trial, shrinking,
-    ...: `oracle.plan.phase_of` reads it from the request ids). `close()` never raises: a failure
-    or a hang there is a note in the engine's description (the dict `describe()` last returned,
-    which the report's environment holds) and in `close_error`.
+    It implements the whole contract (`oracle.engines.contract`): the required members, and each
+    optional capability as a typed method or property that runs on the watchdog's thread under its
+    limit. `capabilities` is what the wrapped engine declares, read once here; a capability it does
+    not declare raises EngineError when called (ask `capabilities` first). Two capabilities stay
+    with the engine itself: `localize_layout`, which the engine's own capture calls on the engine's
+    thread (through the watchdog it would wait for itself), and forward-pass timing, which `oracle
+    bench` reads from engines it drives without the watchdog.
+
+    A generate call that runs past the limit names the phase it was in (the references, a trial,
+    shrinking, ...: `oracle.plan.phase_of` reads it from the request ids). `close()` never raises: a
+    failure or a hang there is a note in the engine's description (the dict `describe()` last
+    returned, which the report's environment holds) and in `close_error`.
     """
 
-    def __init__(self, engine: Any, timeout_s: float | None, worker: Worker | None = None) -> None:
+    def __init__(self, engine: Engine, timeout_s: float | None, worker: Worker | None = None) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
-        self.mode = engine.mode
+        self.mode: Mode = engine.mode
+        self.capabilities: Capabilities = capabilities(engine)
         self.close_error: str | None = None
         self._described: dict[str, Any] | None = None
         self._worker = worker or Worker()  # the thread that built the engine, when given
@@ -184,7 +214,45 @@ class GuardedEngine:
         self._described = described
         return described
 
-    def guarded(self, fn: Callable[[Any], T], what: str, calls: int = 1) -> T:
+    # --- optional capabilities (oracle.engines.contract), as the wrapped engine declares them ---
+
+    @property
+    def stop_at_eos(self) -> bool:
+        """StopsAtEos: completions may end at EOS."""
+        return self.capabilities.stop_at_eos
+
+    @property
+    def op_packages(self) -> tuple[str, ...]:
+        """DeclaresOpPackages: modules a repro imports for the engine's custom ops."""
+        return self.capabilities.op_packages
+
+    def reset_prefix_cache(self) -> None:
+        """ResetsPrefixCache, under `engine.timeout_s`."""
+        engine = self.engine
+        if not (self.capabilities.reset_prefix_cache and isinstance(engine, ResetsPrefixCache)):
+            raise self._undeclared("reset_prefix_cache", "ResetsPrefixCache")
+        call(engine.reset_prefix_cache, self.timeout_s, "reset_prefix_cache", self._worker,
+             self._during("reset_prefix_cache()"))
+
+    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
+        """Capturable, on the watchdog's thread: `engine.timeout_s` per run (the warm-up one included)."""
+        engine = self.engine
+        if not (self.capabilities.capture and isinstance(engine, Capturable)):
+            raise self._undeclared("capture", "Capturable")
+        return self.guarded(lambda _: engine.capture(run, rows), "capture", calls=2 if run.warm_with else 1)
+
+    def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
+        """LocalizesInWorker, allowed LOCALIZE_CALLS x `engine.timeout_s` (both runs and the confirmation)."""
+        engine = self.engine
+        if not (self.capabilities.localize and isinstance(engine, LocalizesInWorker)):
+            raise self._undeclared("localize", "LocalizesInWorker")
+        return self.guarded(lambda _: engine.localize(expected, actual, repro_dir), "localize", calls=LOCALIZE_CALLS)
+
+    def _undeclared(self, method: str, protocol: str) -> EngineError:
+        return EngineError(f"the {self.mode} engine has no {method}() (oracle.engines.contract.{protocol}); "
+                           "ask its capabilities first")
+
+    def guarded(self, fn: Callable[[Engine], T], what: str, calls: int = 1) -> T:
         """`fn(inner engine)` on the watchdog's thread, allowed `calls` times the per-call limit: for work
         that must drive the engine itself in one thread (per-op capture installs thread-local modes)."""
         timeout = None if self.timeout_s is None else self.timeout_s * calls
@@ -204,15 +272,6 @@ class GuardedEngine:
             self.close_error = str(e)
             if self._described is not None:
                 self._described["close_error"] = str(e)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "engine" or name.startswith("__"):
-            raise AttributeError(name)
-        attr = getattr(self.engine, name)
-        if not callable(attr):
-            return attr
-        return lambda *a, **k: call(lambda: attr(*a, **k), self.timeout_s, name, self._worker,
-                                    self._during(f"{name}()"))
 
 
 def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:

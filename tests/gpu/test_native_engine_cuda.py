@@ -18,6 +18,7 @@ import torch
 from native_batches import SAMPLING, batch_around_target, solo
 
 from oracle.compare import first_divergence
+from oracle.config import EngineConfig
 from oracle.engines.contract import Completion, Request
 from oracle.engines.native import NativeEngine
 
@@ -32,8 +33,10 @@ DTYPES = ["bfloat16", "float32"]
 @pytest.fixture(scope="module", params=DTYPES)
 def engines(request: pytest.FixtureRequest, tiny_qwen3: Path) -> dict[str, NativeEngine]:
     pytest.importorskip("triton")
-    inv = NativeEngine(tiny_qwen3, "invariant", device="cuda", dtype=request.param, max_num_batched_tokens=4096)
-    prod = NativeEngine(inv.decoder, "production", device="cuda", max_num_batched_tokens=4096)
+    inv = NativeEngine(tiny_qwen3, "invariant",
+                       EngineConfig.of("native", device="cuda", dtype=request.param, max_num_batched_tokens=4096))
+    prod = NativeEngine(inv.decoder, "production",
+                        EngineConfig.of("native", device="cuda", max_num_batched_tokens=4096))
     return {"invariant": inv, "production": prod}
 
 
@@ -89,7 +92,8 @@ def test_decode_graphs_give_the_eager_bits(engines: dict[str, NativeEngine]) -> 
     """Invariant mode with CUDA graphs (padded buckets, captured kernels) vs without: every output bitwise."""
     graphs = engines["invariant"]
     assert graphs.cuda_graphs
-    eager = NativeEngine(graphs.decoder, "invariant", device="cuda", max_num_batched_tokens=4096, cuda_graphs=False)
+    eager = NativeEngine(graphs.decoder, "invariant",
+                         EngineConfig.of("native", device="cuda", max_num_batched_tokens=4096, cuda_graphs=False))
     for size in (1, 3, 9, 17, 33):
         reqs = batch_around_target(size, size // 2, seed=100 + size)
         with_graphs, without = graphs.generate(reqs), eager.generate(reqs)
@@ -102,7 +106,8 @@ def test_decode_graphs_give_the_eager_bits(engines: dict[str, NativeEngine]) -> 
 
 def test_production_mode_runs_with_and_without_graphs(engines: dict[str, NativeEngine]) -> None:
     prod = engines["production"]
-    eager = NativeEngine(prod.decoder, "production", device="cuda", max_num_batched_tokens=4096, cuda_graphs=False)
+    eager = NativeEngine(prod.decoder, "production",
+                         EngineConfig.of("native", device="cuda", max_num_batched_tokens=4096, cuda_graphs=False))
     reqs = batch_around_target(12, 5, seed=7)
     for a, b in zip(prod.generate(reqs), eager.generate(reqs), strict=True):
         assert len(a.token_ids) == len(b.token_ids) and np.isfinite(a.logprobs).all()

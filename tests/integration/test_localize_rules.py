@@ -16,6 +16,7 @@ from planted import PlantedEngine
 from planted_ops import planted_decoder
 
 from oracle.compare import first_divergence
+from oracle.config import EngineConfig
 from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
@@ -44,7 +45,7 @@ def base(tiny_qwen3: Path) -> Decoder:
 
 
 def engine(base: Decoder, **fault: object) -> NativeEngine:
-    return NativeEngine(planted_decoder(base, **fault), "invariant", num_threads=1)
+    return NativeEngine(planted_decoder(base, **fault), "invariant", EngineConfig.of("native", num_threads=1))
 
 
 def test_an_op_that_writes_its_out_argument_after_a_fresh_allocation(base: Decoder, tmp_path: Path) -> None:
@@ -127,7 +128,7 @@ def test_kv_inherited_through_the_prefix_cache_is_the_finding(base: Decoder) -> 
     # The warm-up run writes the prompt's first blocks beside other requests (a perturbed KV write);
     # the warm run reads them from the cache: the cache is the finding, not the attention reading it.
     eng = NativeEngine(planted_decoder(base, fault="kv_write", layer=0, min_tokens=40), "invariant",
-                       num_threads=1, enable_prefix_caching=True)
+                       EngineConfig.of("native", num_threads=1, enable_prefix_caching=True))
     cold = RunSpec((target(),), 0)
     warm = RunSpec((target(),), 0, warm_with=tuple(trial()))
     loc = localize_runs(eng, cold, warm)
@@ -161,7 +162,7 @@ def test_a_difference_made_after_the_last_captured_op_is_said_so(base: Decoder) 
                 out[0].logprobs[0] += 1e-3
             return out
 
-    eng = LateFault(base, "invariant", num_threads=1)
+    eng = LateFault(base, "invariant", EngineConfig.of("native", num_threads=1))
     loc = localize_trial(eng, [target()], trial(), 0)
     assert loc is not None and loc.status == "after_capture"
     assert "after the last captured op" in loc.note and loc.op  # the last op that agreed is named

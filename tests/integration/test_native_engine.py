@@ -10,14 +10,15 @@ import pytest
 from native_batches import TARGET, batch_around_target, solo
 
 from oracle.compare import first_divergence
+from oracle.config import EngineConfig
 from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_qwen3: Path) -> dict[str, NativeEngine]:
-    inv = NativeEngine(tiny_qwen3, "invariant", max_num_batched_tokens=4096)
-    prod = NativeEngine(inv.decoder, "production", max_num_batched_tokens=4096)
+    inv = NativeEngine(tiny_qwen3, "invariant", EngineConfig.of("native", max_num_batched_tokens=4096))
+    prod = NativeEngine(inv.decoder, "production", EngineConfig.of("native", max_num_batched_tokens=4096))
     return {"invariant": inv, "production": prod}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from oracle.config import EngineConfig
 from oracle.engines.contract import Request, SamplingParams
 
 N = 256
@@ -93,7 +94,7 @@ def test_256_concurrent_requests_none_lost(server: _Server, tmp_path: Path) -> N
     from oracle.engines.openai_engine import OpenAIEngine
 
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    engine = OpenAIEngine(tmp_path, "production", base_url=url, concurrency=N)
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=url, concurrency=N))
     try:
         sampling = SamplingParams(max_tokens=3, logits="digest")
         requests = [Request(f"r{i}", (i, 7, 11), sampling) for i in range(N)]

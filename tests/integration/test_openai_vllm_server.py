@@ -17,6 +17,7 @@ import yaml
 
 pytest.importorskip("vllm")
 
+from oracle.config import EngineConfig  # noqa: E402
 from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.openai_engine import OpenAIEngine  # noqa: E402
 
@@ -46,7 +47,8 @@ def engine(model_cache: Path, server_options: dict[str, Any]) -> Iterator[OpenAI
     from oracle.models import ensure_model
 
     model = ensure_model("small-qwen3", cache_dir=model_cache)
-    engine = OpenAIEngine(model, "production", **{**server_options, "startup_timeout_s": 240})
+    engine = OpenAIEngine(model, "production",
+                          EngineConfig.of("openai", **{**server_options, "startup_timeout_s": 240}))
     yield engine
     engine.close()
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from oracle.compare import first_divergence
-from oracle.config import parse_config
+from oracle.config import EngineConfig, parse_config
 from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.report import Report
@@ -45,7 +45,7 @@ VARIANTS = [SamplingParams(max_tokens=10, temperature=1.0), SamplingParams(max_t
 def test_a_seeded_request_is_bitwise_the_same_alone_and_in_a_batch(tiny_qwen3: Path, sampling: SamplingParams) -> None:
     """Invariant mode: the request with seed 5 alone, then beside the same prompt with seed 6 and other prompts
     arriving later: the same tokens and logprob bits; the seed-6 twin samples other tokens."""
-    engine = NativeEngine(tiny_qwen3, "invariant", num_threads=1)
+    engine = NativeEngine(tiny_qwen3, "invariant", EngineConfig.of("native", num_threads=1))
     prompt = (3, 14, 15, 92, 65, 35, 89, 79)
     mine = Request("mine", prompt, SamplingParams(**{**sampling.__dict__, "seed": 5}))
     twin = Request("twin", prompt, SamplingParams(**{**sampling.__dict__, "seed": 6}))
@@ -122,7 +122,7 @@ def test_transformers_invariant_mode_samples_each_request_from_its_own_seed(tiny
     pytest.importorskip("transformers")
     from oracle.engines.transformers_engine import TransformersEngine
 
-    engine = TransformersEngine(tiny_qwen3, "invariant", num_threads=1)
+    engine = TransformersEngine(tiny_qwen3, "invariant", EngineConfig.of("transformers", num_threads=1))
     prompt = (3, 14, 15, 92, 65, 35, 89, 79)
     mine = Request("mine", prompt, SamplingParams(**{**sampling.__dict__, "seed": 5}))
     twin = Request("twin", prompt, SamplingParams(**{**sampling.__dict__, "seed": 6}))
@@ -131,5 +131,5 @@ def test_transformers_invariant_mode_samples_each_request_from_its_own_seed(tiny
     batch = engine.generate([twin, late, mine])
     assert first_divergence(alone, batch[2]) is None
     assert batch[0].token_ids != batch[2].token_ids
-    native = NativeEngine(tiny_qwen3, "invariant", num_threads=1).generate([mine])[0]
+    native = NativeEngine(tiny_qwen3, "invariant", EngineConfig.of("native", num_threads=1)).generate([mine])[0]
     assert native.token_ids == alone.token_ids

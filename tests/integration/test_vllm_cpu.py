@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
-from oracle.config import parse_config  # noqa: E402
+from oracle.config import EngineConfig, parse_config  # noqa: E402
 from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.native import NativeEngine  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
@@ -43,8 +43,9 @@ def small_qwen3(model_cache: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fp32_engine(small_qwen3: Path) -> Iterator[VllmEngine]:
-    engine = VllmEngine(small_qwen3, "production", dtype="float32", max_num_batched_tokens=64, threads=1,
-                        audit=False)
+    engine = VllmEngine(small_qwen3, "production",
+                        EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64,
+                                        num_threads=1, audit=False))
     yield engine
     engine.close()
 
@@ -58,7 +59,7 @@ def _fillers(n: int, seed: int) -> list[Request]:
 
 def test_greedy_tokens_match_the_native_engine_in_float32(fp32_engine: VllmEngine, small_qwen3: Path) -> None:
     reqs = [Request(f"p{i}", p, FULL) for i, p in enumerate(PROMPTS)]
-    ours = NativeEngine(small_qwen3, "production", dtype="float32").generate(reqs)
+    ours = NativeEngine(small_qwen3, "production", EngineConfig.of("native", dtype="float32")).generate(reqs)
     theirs = fp32_engine.generate(reqs)
     for a, b in zip(ours, theirs, strict=True):
         assert b.token_ids == a.token_ids
@@ -91,13 +92,14 @@ def test_a_budget_over_the_engines_capacity_is_a_config_error(fp32_engine: VllmE
 
 def test_an_engine_arg_vllm_does_not_have_is_a_config_error(small_qwen3: Path) -> None:
     with pytest.raises(ConfigError, match="engine.options.engine_args.*no_such_arg"):
-        VllmEngine(small_qwen3, "production", engine_args={"no_such_arg": 1}, audit=False)
+        VllmEngine(small_qwen3, "production", EngineConfig.of("vllm", engine_args={"no_such_arg": 1}, audit=False))
 
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_dead_or_hung_worker_is_an_engine_error(small_qwen3: Path, how: str) -> None:
-    engine = VllmEngine(small_qwen3, "production", dtype="float32", max_num_batched_tokens=64, threads=1,
-                        audit=False, timeout_s=5)
+    engine = VllmEngine(small_qwen3, "production",
+                        EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64,
+                                        num_threads=1, audit=False, timeout_s=5))
     worker = engine._live()
     try:
         # The worker runs under its tether (oracle.lifecycle.tether): signal the worker itself, the tether's child.
@@ -113,9 +115,8 @@ def test_a_dead_or_hung_worker_is_an_engine_error(small_qwen3: Path, how: str) -
 def _config(model: Path, report_dir: Path) -> dict[str, Any]:
     return {
         "model": str(model),
-        "engine": {"kind": "oracle.engines.vllm_engine:VllmEngine", "options": {
-            "dtype": "bfloat16", "max_num_batched_tokens": 64, "invariance": "oracle_kernels", "threads": 1,
-            "split_kv": False, "audit": False}},
+        "engine": {"kind": "vllm", "dtype": "bfloat16", "max_num_seqs": 64, "max_num_batched_tokens": 64,
+                   "num_threads": 1, "options": {"invariance": "oracle_kernels", "split_kv": False, "audit": False}},
         "prompts": {"random": {"count": 2, "min_len": 8, "max_len": 40, "seed": 0}},
         "sampling": {"max_tokens": 4, "logits": "full"},
         "schedule": {"trials": 4, "seed": 7, "batch_size": [3, 6], "filler_len": [4, 48],

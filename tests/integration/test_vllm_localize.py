@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
+from oracle.config import EngineConfig  # noqa: E402
 from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
 from oracle.localize import localize_trial  # noqa: E402
@@ -42,11 +43,13 @@ def _fillers(n: int, seed: int) -> list[Request]:
 
 @pytest.fixture(scope="module")
 def engines(small_qwen3: Path) -> Iterator[dict[str, VllmEngine]]:
-    common = {"dtype": "float32", "max_num_batched_tokens": 64, "threads": 1, "audit": False}
+    common = {"dtype": "float32", "max_num_seqs": 64, "max_num_batched_tokens": 64, "num_threads": 1,
+              "audit": False}
     built: dict[str, VllmEngine] = {}
     try:
-        built["invariant"] = VllmEngine(small_qwen3, "invariant", invariance="oracle_kernels", **common)
-        built["production"] = VllmEngine(small_qwen3, "production", split_kv=True, **common)
+        built["invariant"] = VllmEngine(small_qwen3, "invariant",
+                                        EngineConfig.of("vllm", invariance="oracle_kernels", **common))
+        built["production"] = VllmEngine(small_qwen3, "production", EngineConfig.of("vllm", split_kv=True, **common))
         yield built
     finally:
         for engine in built.values():

@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from oracle.config import EngineConfig
 from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.native import NativeEngine
 
 
 class CacheHitFaultEngine(NativeEngine):
     def __init__(self, model: Path, mode: Mode, **options: Any) -> None:
-        super().__init__(model, mode, **options)
+        super().__init__(model, mode, EngineConfig.of("native", **options))
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         outs = super().generate(requests, max_num_batched_tokens)

@@ -5,7 +5,8 @@ module (by default `aten.mm.default` in `model.layers.1.mlp.down_proj`) by `ulps
 toward +inf, only in forward passes that hold more than `min_tokens` tokens. Alone the target
 stays under that size and is exact; batched beside others it is not, exactly like a kernel that
 switches configuration with the pass's size. Usable from a config as `engine.kind:
-planted:PlantedEngine` (tests/support is on sys.path), with the fault in `engine.options`.
+planted:PlantedEngine` (tests/support is on sys.path), with the fault in `engine.options`: the
+keyword arguments it does not take itself are the native engine's (`EngineConfig.of`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from oracle.config import EngineConfig
 from oracle.engines.contract import Completion, Mode
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.model import Decoder
@@ -51,7 +53,7 @@ class PlantedEngine(NativeEngine):
 
     def __init__(self, model: Path | Decoder, mode: Mode, *, fault_module: str = "model.layers.1.mlp.down_proj",
                  fault_op: str = "aten.mm.default", min_tokens: int = 48, ulps: int = 1, **kwargs: Any) -> None:
-        super().__init__(model, mode, **kwargs)
+        super().__init__(model, mode, EngineConfig.of("native", **kwargs))
         scopes = self.decoder.scopes
         self.fault = PlantedFault(lambda: scopes.path[-1] if scopes.path else "", fault_module, fault_op,
                                   min_tokens, ulps)
@@ -77,7 +79,7 @@ class PlantedTransformersEngine(TransformersEngine):
 
     def __init__(self, model: Path, mode: Mode, *, fault_module: str = "model.layers.1.mlp.down_proj",
                  fault_op: str = "aten.mm.default", min_tokens: int = 48, ulps: int = 1, **kwargs: Any) -> None:
-        super().__init__(model, mode, **kwargs)
+        super().__init__(model, mode, EngineConfig.of("transformers", **kwargs))
         inside: list[str] = []
         module = self.model.get_submodule(fault_module)
         module.register_forward_pre_hook(lambda m, a: inside.append(fault_module))

@@ -19,13 +19,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from oracle.config import EngineConfig
 from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.native import NativeEngine
 
 
 class SharedSeedEngine(NativeEngine):
     def __init__(self, model: Path, mode: Mode, **options: Any) -> None:
-        super().__init__(model, mode, **options)
+        super().__init__(model, mode, EngineConfig.of("native", **options))
         self._batch_seed = 0
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
@@ -42,7 +43,7 @@ class InstanceFaultEngine(NativeEngine):
     _ordinals: ClassVar[itertools.count[int]] = itertools.count()
 
     def __init__(self, model: Path, mode: Mode, **options: Any) -> None:
-        super().__init__(model, mode, **options)
+        super().__init__(model, mode, EngineConfig.of("native", **options))
         self.ordinal = next(InstanceFaultEngine._ordinals)
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:

@@ -35,7 +35,7 @@ def test_every_shipped_config_keeps_its_options_valid(name: str) -> None:
      "c.yaml:5: engine.options.invariance: Input should be 'oracle_kernels', 'vllm' or 'none'"),
     ("engine:\n  kind: transformers\n  options:\n    attn: sdpa\n", "c.yaml:6: engine.options.attn: unknown field"),
     ("engine:\n  kind: openai\n  options:\n    command: [vllm, serve, --port, '{port}']\n",
-     "engine.options: command must bind the server to {host}"),
+     "c.yaml:6: engine.options.command: must bind the server to {host}"),
     ("engine:\n  kind: openai\n  options:\n    base_url: {invariant: http://a}\n",
      "c.yaml:6: engine.options.base_url"),
     ("engine:\n  kind: openai\n  options:\n    base_url:\n      invariant: http://a\n      production: localhost:8000\n",

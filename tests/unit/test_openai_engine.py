@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from oracle.config import EngineConfig
 from oracle.engines.contract import Request, SamplingParams
 from oracle.engines.openai_engine import OpenAIEngine, topk_digest  # imports httpx only when built
 from oracle.errors import ConfigError, EngineError
@@ -189,7 +190,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_parses_token_ids_logprobs_top2_and_digests(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), logprobs=3)
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub), logprobs=3))
     [c] = engine.generate([Request("a", (7, 8, 9), GREEDY)])
     assert c.token_ids == [24, 25, 26, 27]
     assert c.logprobs == [-0.125, -0.25, -0.375, -0.5]
@@ -215,7 +216,7 @@ def test_digest_differs_when_one_topk_value_moves_one_float32_ulp() -> None:
 
 
 def test_logits_none_gives_no_digests(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub)))
     [c] = engine.generate([Request("a", (1,), SamplingParams(max_tokens=2, logits="none"))])
     assert c.logits_digests is None and len(c.token_ids) == 2
 
@@ -223,7 +224,8 @@ def test_logits_none_gives_no_digests(stub: Any, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("concurrency", "expect_max"), [(6, 6), (1, 1)])
 def test_concurrency_is_real_and_is_the_evidence(stub: Any, tmp_path: Path, concurrency: int,
                                                   expect_max: int) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=concurrency)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", base_url=_url(stub), concurrency=concurrency))
     out = engine.generate(_reqs(6))
     assert [c.request_id for c in out] == [f"r{i}" for i in range(6)]
     assert [c.token_ids[0] for c in out] == [(i + 1 + 30) % 1000 for i in range(6)]
@@ -238,7 +240,7 @@ def test_concurrency_is_real_and_is_the_evidence(stub: Any, tmp_path: Path, conc
 
 def test_arrival_delays_hold_requests_back(stub: Any, tmp_path: Path) -> None:
     stub.delay_s = 0.05
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), arrival_step_s=0.3)
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub), arrival_step_s=0.3))
     reqs = [Request("now", (1,), GREEDY), Request("step", (2,), GREEDY, arrival_step=1),
             Request("delay", (3,), GREEDY, arrival_delay_s=0.6, arrival_step=5)]
     engine.generate(reqs)
@@ -251,12 +253,12 @@ def test_server_down_is_an_engine_error_quickly(tmp_path: Path, needs_httpx: Non
     port = _free_port()
     start = time.monotonic()
     with pytest.raises(EngineError, match=f"127.0.0.1:{port}/v1/models"):
-        OpenAIEngine(tmp_path, "production", base_url=f"http://127.0.0.1:{port}")
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=f"http://127.0.0.1:{port}"))
     assert time.monotonic() - start < 10
 
 
 def test_server_down_during_generate_is_an_engine_error(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub)))
     stub.shutdown()
     stub.server_close()
     with pytest.raises(EngineError, match="/v1/completions"):
@@ -265,14 +267,15 @@ def test_server_down_during_generate_is_an_engine_error(stub: Any, tmp_path: Pat
 
 def test_http_500_is_an_engine_error_naming_the_status(stub: Any, tmp_path: Path) -> None:
     stub.status = 500
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), max_retries=2, retry_backoff_s=0)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", base_url=_url(stub), max_retries=2, retry_backoff_s=0))
     with pytest.raises(EngineError, match=r"/v1/completions answered HTTP 500 \(after 2 retries\): .*stub says no") as e:
         engine.generate(_reqs(3))
     assert "\n" not in str(e.value)
 
 
 def test_a_request_past_its_timeout_is_an_engine_error(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), request_timeout_s=0.3)
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub), request_timeout_s=0.3))
     stub.delay_s = 3.0
     start = time.monotonic()
     with pytest.raises(EngineError, match="no answer within 0.3 s"):
@@ -281,7 +284,7 @@ def test_a_request_past_its_timeout_is_an_engine_error(stub: Any, tmp_path: Path
 
 
 def test_a_per_call_token_budget_is_a_config_error(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub)))
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
         engine.generate(_reqs(1), max_num_batched_tokens=64)
 
@@ -300,13 +303,13 @@ def test_a_per_call_token_budget_is_a_config_error(stub: Any, tmp_path: Path) ->
 def test_bad_options_are_config_errors_naming_the_field(tmp_path: Path, kwargs: dict[str, Any],
                                                         field: str) -> None:
     with pytest.raises(ConfigError, match=f"engine.options.{field}"):
-        OpenAIEngine(tmp_path, "production", **kwargs)
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", **kwargs))
 
 
 def test_missing_httpx_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "httpx", None)
     with pytest.raises(ConfigError, match=r"oracle-determinism\[openai\]"):
-        OpenAIEngine(tmp_path, "production", base_url="http://127.0.0.1:1")
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url="http://127.0.0.1:1"))
 
 
 def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_httpx: None) -> None:
@@ -317,8 +320,9 @@ def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_
                "import os, runpy, sys; open(os.environ['MARKER'], 'w').write(os.environ['ORACLE_STUB_MODE']); "
                "sys.argv = sys.argv[1:4]; runpy.run_path(sys.argv[0], run_name='__main__')",
                str(script), "{port}", "{host}"]
-    engine = OpenAIEngine(tmp_path / "model", "invariant", command=command, env={"MARKER": str(marker)},
-                          mode_env={"invariant": {"ORACLE_STUB_MODE": "inv"}}, startup_timeout_s=30)
+    engine = OpenAIEngine(tmp_path / "model", "invariant",
+                          EngineConfig.of("openai", command=command, env={"MARKER": str(marker)},
+                                          mode_env={"invariant": {"ORACLE_STUB_MODE": "inv"}}, startup_timeout_s=30))
     try:
         pid = engine.server_pid
         assert pid is not None and _alive(pid)
@@ -336,7 +340,7 @@ def test_starts_its_own_server_with_mode_env_and_stops_it(tmp_path: Path, needs_
 def test_a_server_that_dies_while_starting_is_an_engine_error_with_its_log(tmp_path: Path, needs_httpx: None) -> None:
     command = ["{python}", "-c", "import sys; print('no model at {model}', flush=True); sys.exit(3)", "{host}"]
     with pytest.raises(EngineError, match=r"(?s)exited with code 3.*no model at .*mdl"):
-        OpenAIEngine(tmp_path / "mdl", "production", command=command, startup_timeout_s=30)
+        OpenAIEngine(tmp_path / "mdl", "production", EngineConfig.of("openai", command=command, startup_timeout_s=30))
 
 
 def test_a_server_that_never_answers_is_killed_after_the_startup_timeout(tmp_path: Path, needs_httpx: None) -> None:
@@ -345,7 +349,7 @@ def test_a_server_that_never_answers_is_killed_after_the_startup_timeout(tmp_pat
                "time.sleep(60)", "{host}"]
     start = time.monotonic()
     with pytest.raises(EngineError, match="not ready within 1 s"):
-        OpenAIEngine(tmp_path, "production", command=command, startup_timeout_s=1)
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", command=command, startup_timeout_s=1))
     assert time.monotonic() - start < 10
     assert not _alive(int(pid_file.read_text()))
 
@@ -371,7 +375,7 @@ def test_one_server_per_mode(two_stubs: list[Any], tmp_path: Path) -> None:
     inv, prod = two_stubs
     urls = {"invariant": _url(inv), "production": _url(prod)}
     for mode, server in (("invariant", inv), ("production", prod)):
-        engine = OpenAIEngine(tmp_path, mode, base_url=urls)  # type: ignore[arg-type]
+        engine = OpenAIEngine(tmp_path, mode, EngineConfig.of("openai", base_url=urls))  # type: ignore[arg-type]
         engine.generate(_reqs(2))
         assert engine.base_url == _url(server)
         assert engine.describe()["warnings"] == []
@@ -379,7 +383,7 @@ def test_one_server_per_mode(two_stubs: list[Any], tmp_path: Path) -> None:
 
 
 def test_one_url_for_both_modes_is_accepted_with_a_warning(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "invariant", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "invariant", EngineConfig.of("openai", base_url=_url(stub)))
     [warning] = engine.describe()["warnings"]
     assert "both modes" in warning and "{invariant: URL, production: URL}" in warning
 
@@ -389,7 +393,8 @@ def test_transient_failures_are_retried_and_counted(stub: Any, tmp_path: Path, f
     """503s and dropped connections for the first 3 requests: retried, every answer right, 3 retries counted."""
     stub.delay_s = 0.0
     setattr(stub, fault, 3)
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=1, retry_backoff_s=0)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", base_url=_url(stub), concurrency=1, retry_backoff_s=0))
     out = engine.generate(_reqs(4))
     assert [c.token_ids[0] for c in out] == [(i + 1 + 30) % 1000 for i in range(4)]
     info = engine.describe()
@@ -401,8 +406,9 @@ def test_transient_failures_are_retried_and_counted(stub: Any, tmp_path: Path, f
 def test_a_persistent_transient_failure_ends_after_max_retries(stub: Any, tmp_path: Path) -> None:
     stub.delay_s = 0.0
     stub.drop_first = 100
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=1, max_retries=2,
-                          retry_backoff_s=0)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", base_url=_url(stub), concurrency=1, max_retries=2,
+                                          retry_backoff_s=0))
     with pytest.raises(EngineError, match=rf"{_url(stub)}/v1/completions: RemoteProtocolError.*after 2 retries"):
         engine.generate(_reqs(1))
     assert len(stub.bodies) == 3
@@ -411,7 +417,7 @@ def test_a_persistent_transient_failure_ends_after_max_retries(stub: Any, tmp_pa
 
 def test_256_concurrent_requests_with_random_latency_none_lost(stub: Any, tmp_path: Path) -> None:
     stub.delay_s, stub.jitter_s = 0.0, 0.05
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub), concurrency=256)
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub), concurrency=256))
     reqs = [Request(f"r{i}", (i, 7, 11), GREEDY) for i in range(256)]
     out = engine.generate(reqs)
     assert [c.request_id for c in out] == [r.request_id for r in reqs]
@@ -466,10 +472,11 @@ def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
 
 def test_an_api_key_is_sent_as_a_bearer_token(stub: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    OpenAIEngine(tmp_path, "production", base_url=_url(stub), api_key="k1").generate(_reqs(1))
-    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    OpenAIEngine(tmp_path, "production",
+                 EngineConfig.of("openai", base_url=_url(stub), api_key="k1")).generate(_reqs(1))
+    OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub))).generate(_reqs(1))
     monkeypatch.setenv("OPENAI_API_KEY", "k2")
-    OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate(_reqs(1))
+    OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub))).generate(_reqs(1))
     assert stub.auth == ["Bearer k1", None, "Bearer k2"]
 
 
@@ -483,7 +490,8 @@ def test_a_started_server_is_stopped_when_the_engine_fails_after_start(tmp_path:
                "sys.argv = sys.argv[1:4]; runpy.run_path(sys.argv[0], run_name='__main__')",
                str(script), "{port}", "{host}"]
     with pytest.raises(ConfigError, match="served_model_name"):
-        OpenAIEngine(tmp_path, "production", command=command, served_model_name="another-model", startup_timeout_s=30)
+        OpenAIEngine(tmp_path, "production",
+                     EngineConfig.of("openai", command=command, served_model_name="another-model", startup_timeout_s=30))
     assert not _alive(int(pid_file.read_text()))
 
 
@@ -501,14 +509,15 @@ def test_a_started_server_is_stopped_when_the_engine_fails_after_start(tmp_path:
 def test_non_finite_or_short_answers_are_engine_errors(stub: Any, tmp_path: Path, fault: str, says: str) -> None:
     """The same NaN in the reference and every trial would be bitwise equal: a broken server, not a pass."""
     stub.delay_s, stub.fault = 0.0, fault
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub)))
     with pytest.raises(EngineError, match=f"unexpected answer for request r0: ValueError: {says}"):
         engine.generate(_reqs(1))
 
 
 def test_boolean_token_ids_are_not_token_ids(stub: Any, tmp_path: Path) -> None:
     stub.delay_s, stub.fault = 0.0, "bool_ids"
-    [c] = OpenAIEngine(tmp_path, "production", base_url=_url(stub)).generate([Request("a", (7, 8, 9), GREEDY)])
+    [c] = OpenAIEngine(tmp_path, "production",
+                       EngineConfig.of("openai", base_url=_url(stub))).generate([Request("a", (7, 8, 9), GREEDY)])
     assert c.token_ids == [24, 25, 26, 27] and all(type(t) is int for t in c.token_ids)
 
 
@@ -533,8 +542,9 @@ def test_a_server_that_crashes_mid_run_is_named_with_its_exit_code_and_output(tm
                                                                               server_tmp: Path) -> None:
     script = tmp_path / "stub_server.py"
     script.write_text(STUB)
-    engine = OpenAIEngine(tmp_path, "production", command=_stub_command(script), env={"STUB_EXIT_ON_POST": "7"},
-                          startup_timeout_s=30, retry_backoff_s=0)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", command=_stub_command(script), env={"STUB_EXIT_ON_POST": "7"},
+                                          startup_timeout_s=30, retry_backoff_s=0))
     try:
         assert list(server_tmp.glob("oracle-server-*.log"))  # while it runs, its output is kept
         with pytest.raises(EngineError, match=r"(?s)the server exited with code 7 while answering .*/v1/completions"
@@ -548,7 +558,7 @@ def test_a_server_that_crashes_mid_run_is_named_with_its_exit_code_and_output(tm
 def test_a_server_that_fails_to_start_leaves_no_log(tmp_path: Path, server_tmp: Path) -> None:
     command = ["{python}", "-c", "import sys; print('no model here', flush=True); sys.exit(3)", "{host}"]
     with pytest.raises(EngineError, match=r"(?s)exited with code 3 while starting.*no model here"):
-        OpenAIEngine(tmp_path, "production", command=command, startup_timeout_s=30)
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", command=command, startup_timeout_s=30))
     assert not list(server_tmp.glob("oracle-server-*.log"))
 
 
@@ -556,7 +566,7 @@ def test_a_server_that_fails_to_start_leaves_no_log(tmp_path: Path, server_tmp: 
 def test_a_command_naming_a_non_loopback_address_is_refused(tmp_path: Path, item: str, needs_httpx: None) -> None:
     command = ["vllm", "serve", "{model}", "--host", item, "--port", "{port}", "--served-model-name", "{host}"]
     with pytest.raises(ConfigError, match=r"engine.options.command: .* not loopback"):
-        OpenAIEngine(tmp_path, "production", command=command)
+        OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", command=command))
 
 
 def test_a_server_that_binds_every_interface_anyway_is_stopped_and_refused(tmp_path: Path, server_tmp: Path) -> None:
@@ -571,7 +581,8 @@ def test_a_server_that_binds_every_interface_anyway_is_stopped_and_refused(tmp_p
     command = _stub_command(script)
     command[2] = f"open({str(pid_file)!r}, 'w').write(str(__import__('os').getpid())); " + command[2]
     with pytest.raises(ConfigError, match=r"the server listens on 0\.0\.0\.0 port \d+, not only on 127\.0\.0\.1"):
-        OpenAIEngine(tmp_path, "production", command=command, env={"STUB_BIND": "0.0.0.0"}, startup_timeout_s=30)
+        OpenAIEngine(tmp_path, "production",
+                     EngineConfig.of("openai", command=command, env={"STUB_BIND": "0.0.0.0"}, startup_timeout_s=30))
     assert not _alive(int(pid_file.read_text()))
     assert not list(server_tmp.glob("oracle-server-*.log"))
 
@@ -579,7 +590,8 @@ def test_a_server_that_binds_every_interface_anyway_is_stopped_and_refused(tmp_p
 def test_a_loopback_server_passes_the_bind_check(tmp_path: Path, server_tmp: Path) -> None:
     script = tmp_path / "stub_server.py"
     script.write_text(STUB)
-    engine = OpenAIEngine(tmp_path, "production", command=_stub_command(script), startup_timeout_s=30)
+    engine = OpenAIEngine(tmp_path, "production",
+                          EngineConfig.of("openai", command=_stub_command(script), startup_timeout_s=30))
     try:
         [c] = engine.generate([Request("a", (7, 8, 9), GREEDY)])
         assert c.token_ids == [24, 25, 26, 27]
@@ -620,7 +632,7 @@ def test_one_server_for_both_modes_makes_the_mode_comparisons_vacuous(stub: Any,
 
 
 def test_a_sampled_request_sends_its_own_seed_and_truncation(stub: Any, tmp_path: Path) -> None:
-    engine = OpenAIEngine(tmp_path, "production", base_url=_url(stub))
+    engine = OpenAIEngine(tmp_path, "production", EngineConfig.of("openai", base_url=_url(stub)))
     sampled = [SamplingParams(max_tokens=2, temperature=0.5, seed=s, top_p=0.9, top_k=8) for s in (3, 4)]
     out = engine.generate([Request(f"r{i}", (7, 8, 9), p) for i, p in enumerate(sampled)])
     assert sorted((b["seed"], b["top_p"], b["top_k"]) for b in stub.bodies) == [(3, 0.9, 8), (4, 0.9, 8)]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import oracle_kernels
 import torch
 
+from oracle.config import EngineConfig, NativeOptions
 from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
@@ -86,45 +87,35 @@ def pass_evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list
 
 
 class NativeEngine:
-    """Implements `oracle.engines.contract.Engine` in this process."""
+    """Implements `oracle.engines.contract.Engine` in this process, with the optional capabilities
+    StopsAtEos, ResetsPrefixCache, Capturable and TimesForwardPasses.
 
-    def __init__(
-        self,
-        model: Path | Decoder,
-        mode: Mode,
-        *,
-        device: str = "cpu",
-        dtype: str = "float32",
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
-        enable_chunked_prefill: bool = True,
-        block_size: int = 16,
-        enable_prefix_caching: bool = False,
-        num_threads: int | None = None,
-        stop_at_eos: bool = False,
-        cuda_graphs: bool | None = None,
-    ) -> None:
-        if dtype not in DTYPES:
-            raise ConfigError(f"engine.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    Configured by `config` (its engine fields and `NativeOptions`; the defaults are the config's own
+    when None). A `Decoder` in place of a checkpoint folder is used as it is (the bench's random one).
+    """
+
+    def __init__(self, model: Path | Decoder, mode: Mode, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig.of("native")
+        options = config.options_as(NativeOptions)
         self.mode = mode
-        self.device = torch.device(device)
-        self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[dtype], self.device)
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
-        self.block_size = block_size
-        self.stop_at_eos = stop_at_eos
-        self.enable_prefix_caching = enable_prefix_caching
-        self.num_threads = num_threads
+        self.device = torch.device(config.device)
+        # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
+        if options.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
+        self.cuda_graphs = self.device.type == "cuda" if options.cuda_graphs is None else options.cuda_graphs
+        self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[config.dtype], self.device)
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_chunked_prefill = config.enable_chunked_prefill
+        self.block_size = config.block_size
+        self.stop_at_eos = options.stop_at_eos
+        self.enable_prefix_caching = config.enable_prefix_caching
+        self.num_threads = config.num_threads
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_blocks = 0
-        self._allocator = BlockAllocator(0, block_size)
+        self._allocator = BlockAllocator(0, self.block_size)
         # Per-op capture (oracle.capture): called with each pass's step, batch and inputs; wraps its forward.
         self.pass_hook: Callable[[int, list[ScheduledSeq], StepInputs], contextlib.AbstractContextManager[None]] | None = None
-        # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
-        if cuda_graphs and self.device.type != "cuda":
-            raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
-        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self._graphs: DecodeGraphs | None = None
         self.forward_seconds = 0.0  # time inside forward passes, summed while `timed` is on (bench)
         self.timed = False
