@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from oracle.config import EngineConfig, VllmOptions
-from oracle.engines.contract import Engine, Mode, missing_members
-from oracle.engines.contract import needs_weights as engine_needs_weights
+from oracle.engines.contract import Engine, Mode, class_needs_weights, missing_members
 from oracle.errors import ConfigError, EngineError, OracleError
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def needs_weights(cfg: EngineConfig) -> bool:
     """Whether the engine reads the checkpoint's weights (openai: config.json is enough). A custom engine
     gets them (a hub id is fetched with its weights) unless its class says `needs_weights = False`."""
     if ":" in cfg.kind:
-        return engine_needs_weights(_custom_class(cfg))
+        return class_needs_weights(_custom_class(cfg))
     return cfg.kind in RUN_WEIGHTS
 
 

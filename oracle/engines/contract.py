@@ -7,7 +7,7 @@ the evidence of what shared its forward passes.
 `Engine` is what every engine provides: `mode`, `generate`, `describe`, `close`. Everything else is
 an optional capability, declared by implementing its protocol below (`StopsAtEos`,
 `ResetsPrefixCache`, `Capturable`, `LocalizesInWorker`, `LaysOutPasses`, `DeclaresOpPackages`,
-`TimesForwardPasses`); an engine class may also say `needs_weights = False` (`needs_weights`).
+`TimesForwardPasses`); an engine class may also say `needs_weights = False` (`class_needs_weights`).
 `capabilities(engine)` reads them into one frozen `Capabilities`, with every field off for an engine
 that declares none, so an engine with the four required members runs every check that needs
 nothing more. Ask `capabilities(engine)` whether an engine can do something, never `isinstance`
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
            "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
-           "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "missing_members",
-           "needs_weights", "output_problem"]
+           "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "class_needs_weights",
+           "missing_members", "output_problem"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -289,7 +289,7 @@ class _SaysNeedsWeights(Protocol):
     needs_weights: bool
 
 
-def needs_weights(engine_class: object) -> bool:
+def class_needs_weights(engine_class: object) -> bool:
     """Whether an engine class reads the checkpoint's weights: true unless it says `needs_weights = False`
     (a client of a server reads config.json and the tokenizer only, so a hub id is fetched without them)."""
     return not isinstance(engine_class, _SaysNeedsWeights) or bool(engine_class.needs_weights)
