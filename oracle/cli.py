@@ -57,19 +57,6 @@ TRUST_HELP = ("re-run a config that loads code (a custom engine, preload modules
               "environment): only for a report whose source you trust")
 
 
-def _trusted(path: Path, trusted: bool) -> None:
-    """Refuse a report whose config would run code, unless --trust-report (see oracle.trust)."""
-    from oracle.trust import require_trust
-
-    try:  # checked on the raw file, before anything else of it is used; a bad file is load_report's error
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return
-    config = data.get("config") if isinstance(data, dict) else None
-    if isinstance(config, dict):
-        require_trust(path, config, trusted)
-
-
 def _setting(text: str) -> tuple[str, object]:
     """An argparse type: `FIELD=VALUE` -> (dotted field, VALUE parsed as a YAML scalar or flow value)."""
     import yaml
@@ -237,8 +224,7 @@ def _replay(args: argparse.Namespace) -> int:
     from oracle.render.console import make_console
     from oracle.replay import replay
 
-    _trusted(args.report, args.trust_report)
-    r = replay(args.report, args.trial, args.mode)
+    r = replay(args.report, args.trial, args.mode, trusted=args.trust_report)
     console = make_console()
     t = r.trial
     console.print(f"trial {t.trial_id} ({r.mode}): batch {t.batch_size}, target {t.target} at position "
@@ -266,8 +252,7 @@ def _localize(args: argparse.Namespace) -> int:
     from oracle.localize import localize_from_report
     from oracle.render.console import make_console
 
-    _trusted(args.report, args.trust_report)
-    op = localize_from_report(args.report, args.trial, args.report.parent / "repro")
+    op = localize_from_report(args.report, args.trial, args.report.parent / "repro", trusted=args.trust_report)
     console = make_console()
     if op is None:
         console.print(f"trial {args.trial}: no op differs for the target: it is bitwise equal to its solo run")

@@ -60,7 +60,8 @@ def localize_trial(engine: Engine, solo_requests: Sequence[Request], trial_reque
                          RunSpec(tuple(trial_requests), target_index, budget), repro_dir)
 
 
-def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | None = None) -> LocalizedOp | None:
+def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | None = None, *,
+                         trusted: bool = False) -> LocalizedOp | None:
     """`oracle localize REPORT.json --trial ID`: rebuild the trial from the report and localize it.
 
     Writes the one-op repro to `repro_dir` when given. Runs on a fresh engine in the mode the report's divergence for that trial was found in
@@ -76,7 +77,7 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     from oracle.report import load_report
 
     report = load_report(report_path)
-    config = report_config(report, report_path)
+    config = report_config(report, report_path, trusted=trusted)  # a config that loads code needs `trusted`
     trial, recorded = find_trial(report, trial_id)
     mode: Mode = recorded.mode if recorded else "invariant"
     model_dir = resolve_model(config)

@@ -39,22 +39,27 @@ def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple
     return Trial.from_json(row.model_dump()), recorded
 
 
-def report_config(report: Report, source: Path) -> Config:
-    """The report's config, with the secrets that were redacted when it was written taken from the
-    environment (oracle.redaction.restore_secrets): ConfigError naming each variable to set, never a
-    run with `<redacted: ...>` as a key."""
+def report_config(report: Report, source: Path, *, trusted: bool) -> Config:
+    """The report's config, to run again: refused (ConfigError, exit 2, naming the fields) when it would
+    load or run code (oracle.trust) and `trusted` is off; the secrets redacted when it was written are
+    taken from the environment (oracle.redaction.restore_secrets): ConfigError naming each variable to
+    set, never a run with `<redacted: ...>` as a key."""
     from oracle.redaction import restore_secrets
+    from oracle.trust import require_trust
 
+    require_trust(source, report.config, trusted)
     return parse_config(restore_secrets(report.config, source=str(source)), source=str(source))
 
 
-def replay(report_path: Path, trial_id: int, mode: Mode | None = None) -> Replay:
+def replay(report_path: Path, trial_id: int, mode: Mode | None = None, *, trusted: bool = False) -> Replay:
+    """Rerun trial `trial_id` of the report at `report_path`. `trusted`: the report's config may load code
+    (`--trust-report`); without it such a config is refused before anything runs."""
     from oracle.execute import fresh
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets, vocab_size_of
 
     report = load_report(report_path)
-    config = report_config(report, report_path)
+    config = report_config(report, report_path, trusted=trusted)
     trial, recorded = find_trial(report, trial_id)
     mode = mode or (recorded.mode if recorded else "invariant")
     model_dir = resolve_model(config)

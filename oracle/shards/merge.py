@@ -165,10 +165,10 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     if not failing or config.checks.invariance.requirement == "off" or not (
             (cfg.shrink and cfg.max_shrink_runs > 0) or config.checks.invariance.localize != "off"):
         return inv
-    from oracle.trust import require_trust
 
-    require_trust(path, report.config, trusted)  # the engine re-runs a config read from a file, as replay does
-    config = report_config(report.model_copy(update={"config": unset_defaults(report.config)}), path)
+    # The engine re-runs a config read from a file, as replay does: one that loads code needs `trusted`.
+    config = report_config(report.model_copy(update={"config": unset_defaults(report.config)}), path,
+                           trusted=trusted)
     if config.digest() != report.config_digest:  # the secrets an engine needs come from the environment
         raise ConfigError(f"{path}: the config rebuilt from the report has another digest than the shards' "
                           "(a secret set to another value?)")

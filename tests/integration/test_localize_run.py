@@ -44,7 +44,7 @@ def invariance_divergences(report_path: Path) -> list[dict[str, Any]]:
 
 def test_localize_from_report_names_the_planted_op(failing_report: Path) -> None:
     divergence = invariance_divergences(failing_report)[0]
-    loc = localize_from_report(failing_report, divergence["trial_id"])
+    loc = localize_from_report(failing_report, divergence["trial_id"], trusted=True)
     assert loc is not None
     assert (loc.module, loc.op, loc.layer) == (DOWN_PROJ, "aten.mm.default", 1)
     assert loc.inputs_equal is True and loc.still_diverged

@@ -105,7 +105,7 @@ def test_replay_of_a_redacted_report_asks_for_the_secrets(
     report = tmp_path / "r" / "report.json"
     # Through replay() (what `oracle replay` and `oracle localize` run once the report is trusted).
     with pytest.raises(ConfigError) as refused:
-        replay(report, 0)
+        replay(report, 0, trusted=True)
     err = str(refused.value)
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"{report}: ")
@@ -117,7 +117,7 @@ def test_replay_of_a_redacted_report_asks_for_the_secrets(
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     monkeypatch.setenv("ORACLE_SECRET_ENGINE_OPTIONS_COMMAND_4", SERVER_KEY)
     monkeypatch.setenv("ORACLE_SECRET_ENGINE_OPTIONS_URL", f"https://ci:{URL_PASSWORD}@models.example.com/v1")
-    assert replay(report, 0).divergence is None  # ran, with the real secrets (the engine takes them as given)
+    assert replay(report, 0, trusted=True).divergence is None  # ran, with the real secrets (the engine takes them as given)
 
 
 def test_restore_takes_each_secret_from_the_environment() -> None:

@@ -29,14 +29,29 @@ def test_code_loading_fields(engine: dict[str, Any], fields: list[str]) -> None:
     assert code_loading_fields({"engine": engine}) == fields
 
 
-def test_replay_and_localize_refuse_a_report_that_runs_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Refused before anything is read beyond the config: exit 2 naming the fields and the flag."""
-    report = tmp_path / "report.json"
-    report.write_text(json.dumps({"config": {"engine": {"kind": "their.module:Engine", "preload": ["x"]}}}))
+def test_replay_and_localize_refuse_a_report_that_runs_code(fake_model: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any engine starts, in the library as in the CLI: exit 2 naming the fields and the flag."""
+    from oracle.errors import ConfigError
+    from oracle.localize import localize_from_report
+    from oracle.replay import replay
+
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"model": str(fake_model), "engine": {"kind": "fake_engine:FakeEngine",
+                                                                       "preload": ["fake_engine"]},
+                                  "prompts": {"random": {"count": 1, "min_len": 2, "max_len": 3}},
+                                  "sampling": {"max_tokens": 2}, "schedule": {"trials": 1, "seed": 1}}))
+    assert main(["run", str(config), "--report-dir", str(tmp_path / "r")]) in (0, 1)
+    report = tmp_path / "r" / "report.json"
+    capsys.readouterr()
     for verb in ("replay", "localize"):
         assert main([verb, str(report), "--trial", "0"]) == 2
         err = capsys.readouterr().err
         assert "engine.kind, engine.preload" in err and "--trust-report" in err and str(report) in err
+    for call in (lambda: replay(report, 0), lambda: localize_from_report(report, 0)):
+        with pytest.raises(ConfigError, match="engine.kind, engine.preload"):
+            call()
+    assert replay(report, 0, trusted=True).divergence is None  # the user's own report: it runs
 
 
 def test_the_printed_replay_command_carries_the_flag_only_where_needed() -> None:
