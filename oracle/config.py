@@ -110,7 +110,7 @@ class ModeURLs(_Strict):
         return _http_url(v)
 
 
-def field_error(field: str, message: str, value: Any) -> ValidationError:
+def _field_error(field: str, message: str, value: Any) -> ValidationError:
     """A validation error at `field` of the model being validated, for checks across its fields (a
     model validator's own errors name no field)."""
     return ValidationError.from_exception_data(
@@ -156,12 +156,12 @@ class OpenAIOptions(_Strict):
     @model_validator(mode="after")
     def _server(self) -> OpenAIOptions:
         if self.base_url is not None and self.command is not None:
-            raise field_error("base_url", "give base_url or command, not both", self.base_url)
+            raise _field_error("base_url", "give base_url or command, not both", self.base_url)
         if self.base_url is None and not self.command:
-            raise field_error("base_url", "give base_url (running servers) or command (to start one per mode)", None)
+            raise _field_error("base_url", "give base_url (running servers) or command (to start one per mode)", None)
         problem = _non_loopback(self.command or [])
         if problem is not None:
-            raise field_error("command", problem, self.command)
+            raise _field_error("command", problem, self.command)
         return self
 
 
@@ -241,7 +241,7 @@ class EngineConfig(_Strict):
         try:
             return model.model_validate(self.options)
         except ValidationError as e:
-            raise ConfigError(validation_message(e, ("engine", "options"))) from e
+            raise ConfigError(_validation_message(e, ("engine", "options"))) from e
 
     @classmethod
     def of(cls, kind: str = "native", **values: Any) -> EngineConfig:
@@ -254,7 +254,7 @@ class EngineConfig(_Strict):
         try:
             return cls.model_validate({"kind": kind, **fields, "options": options})
         except ValidationError as e:
-            raise ConfigError(validation_message(e, ("engine",))) from e
+            raise ConfigError(_validation_message(e, ("engine",))) from e
 
 
 class RandomPrompts(_Strict):
@@ -692,7 +692,7 @@ def _error_text(err: Any) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
-def validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:
+def _validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:
     """`FIELD: message` of a validation error's first problem, the field's path starting with `under`."""
     err = e.errors()[0]
     field = ".".join([*under, *(str(x) for x in err["loc"])])
