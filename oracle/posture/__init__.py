@@ -108,15 +108,17 @@ def installed_version(*distributions: str) -> str:
 def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
     """The posture the config asks for (`engine` is `config.engine`), before any engine starts: what the
     config sets, the engine's installed version, and "unknown" for what only the started engine knows."""
-    options: dict[str, Any] = dict(engine.options)
-    args: dict[str, Any] = dict(options.get("engine_args") or {})
-    env = {**{k: os.environ[k] for k in POSTURE_ENV if k in os.environ},
-           **{str(k): str(v) for k, v in (options.get("env") or {}).items()}}
+    from oracle.config import NativeOptions, OpenAIOptions, VllmOptions
+
+    env = {k: os.environ[k] for k in POSTURE_ENV if k in os.environ}
     out: dict[str, Any] = {key: UNKNOWN for key in FIELDS}
     out.update(engine=engine.kind, dtype=engine.dtype, chunked_prefill=engine.enable_chunked_prefill,
                prefix_caching=engine.enable_prefix_caching, env=env)
     if engine.kind == "vllm":
-        invariance = options.get("invariance", "oracle_kernels")
+        vllm = engine.options_as(VllmOptions)  # what the engine reads, defaults included
+        env.update(vllm.env)
+        args: dict[str, Any] = dict(vllm.engine_args)
+        invariance = vllm.invariance
         if mode == "invariant" and invariance == "vllm":
             env["VLLM_BATCH_INVARIANT"] = "1"
         compilation: dict[str, Any] = args.get("compilation_config") or {}
@@ -135,7 +137,7 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
                                    or passes.get("enable_async_tp")),
             spec_decoding="on" if args.get("speculative_config") else "none",
             kv_cache_dtype=args.get("kv_cache_dtype", UNKNOWN), quantization=args.get("quantization", UNKNOWN),
-            cuda_graphs="off" if options.get("enforce_eager", True) else UNKNOWN,
+            cuda_graphs="off" if vllm.enforce_eager else UNKNOWN,
             all_reduce="custom" if int(args.get("tensor_parallel_size", 1)) > 1
             and not args.get("disable_custom_all_reduce") else "none",
             sampler=_vllm_sampler(env),
@@ -143,9 +145,13 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
     elif engine.kind == "native":
         out.update(engine_version="oracle", device=engine.device)
         _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
-                           "device": engine.device, "cuda_graphs": options.get("cuda_graphs")})
+                           "device": engine.device,
+                           "cuda_graphs": engine.options_as(NativeOptions).cuda_graphs})
     elif engine.kind == "transformers":
         out.update(engine_version=installed_version("transformers"), device=engine.device)
+    elif engine.kind == "openai":  # a started server's environment, as far as the config sets it
+        server = engine.options_as(OpenAIOptions)
+        env.update({**server.env, **server.mode_env.get(mode, {})})
     return out
 
 

@@ -148,3 +148,21 @@ def test_a_vllm_fa3_config_is_warned_before_it_starts(fake_model: Path, tmp_path
 def test_golden_file_stores_the_invariant_posture_digest() -> None:
     env = {"posture": {"digests": {"invariant": "abc"}}}
     assert make_golden({}, {}, env, "0" * 64)["posture_digest"] == "abc"
+
+
+def test_declared_posture_reads_typed_options_with_their_defaults() -> None:
+    """The posture reads what the engine reads: an unset vLLM option is its default (enforce_eager: true ->
+    no CUDA graphs), a started server's env and mode_env are the mode's environment."""
+    from oracle.config import parse_config
+    from oracle.posture import declared_posture
+
+    base = {"model": "preset:tiny-qwen3", "prompts": {"random": {"count": 1}}}
+    vllm = parse_config({**base, "engine": {"kind": "vllm", "options": {"invariance": "vllm", "env": {"X": "1"}}}})
+    inv = declared_posture(vllm.engine, "invariant")
+    assert inv["cuda_graphs"] == "off" and inv["env"]["X"] == "1" and inv["env"]["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in declared_posture(vllm.engine, "production")["env"]
+    server = parse_config({**base, "engine": {"kind": "openai", "options": {
+        "command": ["serve", "{host}", "{port}"], "env": {"A": "1"},
+        "mode_env": {"invariant": {"VLLM_BATCH_INVARIANT": "1"}}}}})
+    assert declared_posture(server.engine, "invariant")["env"] == {"A": "1", "VLLM_BATCH_INVARIANT": "1"}
+    assert declared_posture(server.engine, "production")["env"] == {"A": "1"}
