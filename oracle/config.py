@@ -144,6 +144,12 @@ class OpenAIOptions(_Strict):
     max_retries: int = Field(4, ge=0, description="retries of a request after a transient error (5xx, connection reset)")
     retry_backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles per retry, at most 8 s")
     api_key: str | None = Field(None, description="bearer token sent to the server (or env OPENAI_API_KEY)")
+    prefix_cache_reset: Literal["off", "cache_salt", "flush_cache", "reset_prefix_cache"] = Field(
+        "off", description="how a trial starts from a cold server prefix cache (the prefix_cache check needs "
+                           "one): cache_salt (vLLM: a fresh cache_salt per trial), flush_cache (SGLang: POST "
+                           "/flush_cache), reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1); off: never "
+                           "reset, prefix_cache skipped. Hits are read from usage.prompt_tokens_details."
+                           "cached_tokens (vLLM --enable-prompt-tokens-details, SGLang --enable-cache-report)")
 
     @field_validator("base_url", mode="before")
     @classmethod

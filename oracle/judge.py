@@ -370,8 +370,12 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="skipped", trials=0,
                                   evidence=ev, message=inv.prefix_note))
     if n == 0 or hits == 0:
+        message = inv.prefix_note or "no warm run hit the prefix cache"
+        if not inv.prefix_note and runs.config.engine.kind == "openai":
+            message += (" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
+                        "--enable-prompt-tokens-details, SGLang with --enable-cache-report)")
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
-                                  evidence=ev, message=inv.prefix_note or "no warm run hit the prefix cache"))
+                                  evidence=ev, message=message))
     if recs:
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="fail", trials=n,
                                   divergent=len(recs), evidence=ev,

@@ -48,6 +48,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -61,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.config import EngineConfig, ModeURLs, OpenAIOptions
-from oracle.engines.contract import Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import Capabilities, Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
 from oracle.lifecycle import tether
 
@@ -147,8 +148,23 @@ def _top_key(token: str) -> int | str:
     return int(num) if prefix == "token_id" and num.lstrip("-").isdigit() else token
 
 
-def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Completion:
-    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed."""
+def cached_tokens(answer: Any) -> int:
+    """The prompt tokens the server took from its prefix cache, as it reports them in
+    `usage.prompt_tokens_details.cached_tokens` (vLLM with --enable-prompt-tokens-details, SGLang with
+    --enable-cache-report); 0 when it does not say."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if type(n) is int and n > 0 else 0
+
+
+def _new_salt() -> str:
+    return f"oracle-{secrets.token_hex(8)}"
+
+
+def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_cached_tokens: int = 0) -> Completion:
+    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed.
+    `num_cached_tokens` (the prompt tokens served from the prefix cache) goes on the prefill step's evidence."""
     lp = choice["logprobs"]
     if not isinstance(lp, dict):
         raise ValueError("no logprobs in the answer")
@@ -175,7 +191,8 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int) -> Com
         values = sorted(top.values(), reverse=True)
         digests.append(topk_digest(top))
         top2.append((values[0], values[1]))
-    evidence = [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i)
+    evidence = [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i,
+                             num_cached_tokens=num_cached_tokens if i == 0 else 0)
                 for i in range(len(token_ids))]
     want = request.sampling.logits != "none"
     return Completion(request_id=request.request_id, token_ids=token_ids, logprobs=logprobs,
@@ -206,6 +223,12 @@ class OpenAIEngine:
         self.retries: dict[str, int] = {}  # reason ("HTTP 503", "ReadError") -> retries made
         self.mode_env = dict(options.mode_env.get(mode, {}))
         self.warnings: list[str] = [SHARED_URL_WARNING] if isinstance(options.base_url, str) else []
+        self.prefix_cache_reset = options.prefix_cache_reset
+        # Only with a way to start a trial cold is the server's prefix cache something the run can test.
+        self.capabilities = Capabilities(reset_prefix_cache=self.prefix_cache_reset != "off")
+        self._salt: str | None = None
+        if self.prefix_cache_reset == "cache_salt":
+            self._salt = _new_salt()  # the first trial starts cold too
         self._server: _Server | None = None
         self.command: list[str] | None = None
         try:
@@ -309,9 +332,30 @@ class OpenAIEngine:
         except ValueError as e:
             raise EngineError(f"{url} answered no JSON: {_one_line(r.text)}") from e
 
+    def reset_prefix_cache(self) -> None:
+        """Start the next requests from a cold prefix cache: a new cache_salt (the server keys its cached
+        blocks by it, so no block of an earlier request matches), or the server's own flush endpoint."""
+        if self.prefix_cache_reset == "cache_salt":
+            self._salt = _new_salt()
+            return
+        if self.prefix_cache_reset == "off":
+            raise EngineError(f"the server's prefix cache cannot be reset ({_option('prefix_cache_reset')} is off)")
+        url = f"{self.base_url}/{self.prefix_cache_reset}"
+        try:
+            r = self._httpx.post(url, headers=self._headers, timeout=self.request_timeout_s)
+        except self._httpx.HTTPError as e:
+            raise EngineError(f"{url}: {type(e).__name__}: {_one_line(str(e))}") from e
+        if r.status_code != 200:
+            hint = (" (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)"
+                    if self.prefix_cache_reset == "reset_prefix_cache" else "")
+            raise EngineError(f"{url} answered HTTP {r.status_code}{hint}; set {_option('prefix_cache_reset')} "
+                              f"to what the server supports: {_one_line(r.text)}")
+
     def describe(self) -> dict[str, Any]:
         return {
             "engine": "openai",
+            "enable_prefix_caching": self.prefix_cache_reset != "off",
+            "prefix_cache_reset": self.prefix_cache_reset,
             "base_url": self.base_url,
             "served_model": self._info["served_model"],
             "server_version": self._info["server_version"],
@@ -363,7 +407,7 @@ class OpenAIEngine:
                 finally:
                     num_seqs = in_flight.pop(i)
             try:
-                return parse_choice(r, answer["choices"][0], num_seqs)
+                return parse_choice(r, answer["choices"][0], num_seqs, cached_tokens(answer))
             except (KeyError, IndexError, TypeError, ValueError) as e:
                 raise EngineError(f"{url}: unexpected answer for request {r.request_id}: "
                                   f"{type(e).__name__}: {_one_line(str(e))}") from e
@@ -387,6 +431,7 @@ class OpenAIEngine:
             "model": self._info["served_model"], "prompt": list(r.prompt_token_ids), "max_tokens": s.max_tokens,
             "temperature": s.temperature, "seed": s.seed, "logprobs": self.logprobs,
             "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True, **truncation,
+            **({"cache_salt": self._salt} if self._salt else {}),
         }
 
     async def _post(self, client: Any, url: str, body: dict[str, Any]) -> Any:

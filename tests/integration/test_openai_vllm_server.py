@@ -70,6 +70,21 @@ def test_batched_greedy_tokens_repeat_and_match_the_solo_run(engine: OpenAIEngin
     assert info["engine"] == "openai" and info["served_model"] == str(engine.model)
 
 
+def test_the_servers_prefix_cache_is_reset_by_salt_and_its_hits_are_read(engine: OpenAIEngine) -> None:
+    """configs/server.yaml: a fresh cache_salt starts a request cold; the same prompt again under that salt
+    is served from vLLM's prefix cache, as usage.prompt_tokens_details.cached_tokens says."""
+    req = [Request("long", tuple(range(2000, 2300)), GREEDY)]  # 300 tokens: two full blocks of 128 (CPU)
+    engine.reset_prefix_cache()
+    cold = engine.generate(req)[0]
+    warm = engine.generate(req)[0]
+    engine.reset_prefix_cache()
+    cold_again = engine.generate(req)[0]
+    hits = [c.evidence[0].num_cached_tokens for c in (cold, warm, cold_again)]
+    print(f"cached prompt tokens (cold, warm, cold after reset): {hits}")
+    assert hits == [0, 256, 0]
+    assert warm.token_ids == cold.token_ids
+
+
 def test_server_process_is_gone_after_close(model_cache: Path, engine: OpenAIEngine) -> None:
     pid = engine.server_pid
     assert pid is not None and _alive(pid)

@@ -91,6 +91,15 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "not found"})
 
     def do_POST(self):
+        if self.path == "/flush_cache":  # SGLang's: forget every cached prefix
+            with self.server.lock:
+                self.server.cache.clear()
+                self.server.flushes += 1
+            self._send(200, {})
+            return
+        if self.path != "/v1/completions":
+            self._send(404, {"detail": "Not Found"})
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if os.environ.get("STUB_EXIT_ON_POST"):  # a server that crashes on its first completion request
             print("stub: dying on a completion request", flush=True)
@@ -117,7 +126,16 @@ class Handler(BaseHTTPRequestHandler):
         elif s.status != 200:
             self._send(s.status, {"error": "stub says no"})
         else:
-            self._send(200, completion(body, s.fault))
+            answer = completion(body, s.fault)
+            # A prefix cache keyed by cache_salt: a prompt seen before under the same salt is served from it.
+            key = (body.get("cache_salt"), tuple(body["prompt"]))
+            with s.lock:
+                cached = len(body["prompt"]) - 1 if key in s.cache else 0
+                s.cache.add(key)
+            if s.report_cache:
+                answer["usage"] = {"prompt_tokens": len(body["prompt"]),
+                                   "prompt_tokens_details": {"cached_tokens": cached}}
+            self._send(200, answer)
 
 
 class Stub(ThreadingHTTPServer):
@@ -133,6 +151,7 @@ class Stub(ThreadingHTTPServer):
         self.fail_first = self.drop_first = 0   # answer 503 / drop the connection for the first N requests
         self.jitter_s, self.rng = 0.0, random.Random(0)
         self.fault = ""  # see completion()
+        self.cache, self.flushes, self.report_cache = set(), 0, True
 
     def handle_error(self, request, client_address):
         pass  # a client that timed out and left: nothing to report
@@ -688,3 +707,75 @@ def test_cross_instance_on_one_server_is_vacuous(stub: Any, tmp_path: Path) -> N
     result = report.check("cross_instance")
     assert result is not None and result.verdict == "vacuous" and "list of URLs" in result.message
     assert report.exit_code() == 1  # a required check that proves nothing
+
+
+def test_cache_salt_starts_each_reset_cold_and_the_warm_run_reports_its_hit(stub: Any, tmp_path: Path) -> None:
+    """prefix_cache_reset: cache_salt sends a salt with every request and a new one after each reset: the
+    same prompt again under one salt is served from the server's cache (cached_tokens > 0), after a reset
+    it is not."""
+    engine = OpenAIEngine(tmp_path, "invariant", EngineConfig.of("openai", base_url=_url(stub),
+                                                                  prefix_cache_reset="cache_salt"))
+    from oracle.engines.contract import capabilities
+
+    assert capabilities(engine).reset_prefix_cache and engine.describe()["enable_prefix_caching"] is True
+    req = [Request("a", (7, 8, 9), GREEDY)]
+    cold = engine.generate(req)[0]
+    warm = engine.generate(req)[0]
+    engine.reset_prefix_cache()
+    cold_again = engine.generate(req)[0]
+    assert [c.evidence[0].num_cached_tokens for c in (cold, warm, cold_again)] == [0, 2, 0]
+    assert all(e.num_cached_tokens == 0 for e in warm.evidence[1:])  # only the prefill step read the cache
+    salts = [b["cache_salt"] for b in stub.bodies]
+    assert salts[0] == salts[1] != salts[2] and all(s.startswith("oracle-") for s in salts)
+
+
+def test_flush_cache_posts_to_the_server_and_off_never_resets(stub: Any, tmp_path: Path) -> None:
+    from oracle.engines.contract import capabilities
+
+    engine = OpenAIEngine(tmp_path, "invariant", EngineConfig.of("openai", base_url=_url(stub),
+                                                                  prefix_cache_reset="flush_cache"))
+    req = [Request("a", (7, 8, 9), GREEDY)]
+    engine.generate(req)
+    engine.reset_prefix_cache()
+    assert stub.flushes == 1 and "cache_salt" not in stub.bodies[0]
+    assert engine.generate(req)[0].evidence[0].num_cached_tokens == 0
+    off = OpenAIEngine(tmp_path, "invariant", EngineConfig.of("openai", base_url=_url(stub)))
+    assert not capabilities(off).reset_prefix_cache and off.describe()["enable_prefix_caching"] is False
+    with pytest.raises(EngineError, match="prefix_cache_reset"):
+        off.reset_prefix_cache()
+
+
+def test_a_reset_endpoint_the_server_lacks_is_an_engine_error_naming_the_option(stub: Any, tmp_path: Path) -> None:
+    engine = OpenAIEngine(tmp_path, "invariant", EngineConfig.of("openai", base_url=_url(stub),
+                                                                  prefix_cache_reset="reset_prefix_cache"))
+    with pytest.raises(EngineError, match=r"/reset_prefix_cache answered HTTP 404 .*VLLM_SERVER_DEV_MODE"):
+        engine.reset_prefix_cache()
+
+
+@pytest.mark.parametrize("report_cache", [True, False])
+def test_the_prefix_cache_check_runs_on_servers_that_reset_and_report_hits(two_stubs: list[Any], tmp_path: Path,
+                                                                            fake_model: Path, report_cache: bool) -> None:
+    """With a reset and cached_tokens reported, prefix_cache compares warm with cold runs on the server and
+    passes; a server that reports no cached tokens leaves it vacuous, saying which flag reports them."""
+    from oracle.config import parse_config
+    from oracle.runner import run
+
+    inv, prod = two_stubs
+    for s in (inv, prod):
+        s.delay_s, s.report_cache = 0.0, report_cache
+    config = parse_config({
+        "model": str(fake_model),
+        "engine": {"kind": "openai", "options": {"base_url": {"invariant": _url(inv), "production": _url(prod)},
+                                                 "prefix_cache_reset": "cache_salt"}},
+        "prompts": {"random": {"count": 2, "min_len": 3, "max_len": 6}},
+        "sampling": {"max_tokens": 3, "logits": "digest"},
+        "schedule": {"trials": 2, "batch_size": [1, 3], "repeat_trials": 1, "shrink": False},
+        "checks": {"prefill_decode": "off", "prefix_cache": "required"},
+    })
+    report = run(config, seed=1, report_dir=tmp_path / "report")
+    check = report.check("prefix_cache")
+    assert check is not None
+    if report_cache:
+        assert check.verdict == "pass" and check.evidence["warm_runs_with_cache_hits"] == 2
+    else:
+        assert check.verdict == "vacuous" and "--enable-prompt-tokens-details" in (check.message or "")
