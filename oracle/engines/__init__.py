@@ -199,6 +199,9 @@ def _import(module: str, field: str, cfg: EngineConfig) -> object:
         raise ConfigError(f"{field}: importing {module!r} raised {type(e).__name__}: {e}") from e
 
 
+CLOSE_LATE_S = 30.0  # how long the run waits for an abandoned engine's close
+
+
 def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Worker | None = None) -> Engine:
     """Build the engine `cfg.kind` for `mode` under the start deadline; EngineError naming the phase when
     it does not finish in time (or raises, or calls sys.exit()).
@@ -210,21 +213,42 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Work
     from oracle.lifecycle.watchdog import call, start_timeout
 
     timeout, limit = start_timeout(cfg)
-    given_up = threading.Event()
+    lock = threading.Lock()
+    given_up = False
+    built: list[Engine] = []
 
     def construct() -> Engine:
+        nonlocal given_up
         engine = construct_engine(cfg, model_dir, mode)
-        if given_up.is_set():
-            with contextlib.suppress(BaseException):
-                engine.close()
+        with lock:  # finished and abandoned exclude each other: exactly one side closes a late engine
+            late = given_up
+            built.append(engine)
+        if late:
+            _close_quietly(engine)
         return engine
 
     work = START_WORK.get(cfg.kind, f"{cfg.kind}'s constructor")
     try:
         return call(construct, timeout, "start", worker, f"the {mode} engine's start ({work})", limit)
     except BaseException:
-        given_up.set()
+        with lock:
+            given_up = True
+            late_engines = list(built)
+        for engine in late_engines:  # finished in the instant the deadline passed: nobody else will close it
+            _close_quietly(engine)
         raise
+
+
+def _close_quietly(engine: Engine) -> None:
+    """Close an engine the run gave up on, in a thread of its own for at most CLOSE_LATE_S: the run is
+    already stopping with an error, and the server or worker it started must not outlive it."""
+    def close() -> None:
+        with contextlib.suppress(BaseException):
+            engine.close()
+
+    closer = threading.Thread(target=close, name="oracle-late-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_LATE_S)
 
 
 def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:

@@ -95,3 +95,28 @@ def test_model_error_after_start_keeps_exit_codes_equal(
     assert code == 2 and "Traceback" not in err, err
     report = _report(tmp_path)
     assert report["exit_code"] == 2 and report["complete"] is False and str(model) in report["error"]
+
+
+def test_an_engine_that_finishes_starting_as_its_deadline_passes_is_closed(
+        fake_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constructor returns in the instant the start deadline passes (the watchdog raises although the
+    engine exists): build_engine closes it, so a server or worker it started never outlives the error."""
+    import fake_engine
+
+    from oracle.config import EngineConfig
+    from oracle.engines import build_engine
+    from oracle.errors import EngineError
+    from oracle.lifecycle import watchdog
+
+    made: list[object] = []
+    closed: list[object] = []
+    monkeypatch.setattr(fake_engine.FakeEngine, "close", lambda self: closed.append(self))
+
+    def finished_then_late(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(fn())  # the engine is built ...
+        raise EngineError("the invariant engine's start did not finish within 1 s")  # ... but too late
+
+    monkeypatch.setattr(watchdog, "call", finished_then_late)
+    with pytest.raises(EngineError, match="did not finish"):
+        build_engine(EngineConfig.of("fake_engine:FakeEngine"), fake_model, "invariant")
+    assert len(made) == 1 and closed == made
