@@ -111,9 +111,9 @@ def generate(engine: Engine, requests: Sequence[Request], budget: int | None = N
         raise EngineError(f"engine generate() returned {type(out).__name__}, not a list of Completions")
     if len(out) != len(requests):
         raise EngineError(f"engine returned {len(out)} completions for {len(requests)} requests")
-    stop_at_eos = capabilities(engine).stop_at_eos
+    caps = capabilities(engine)
     for r, c in zip(requests, out, strict=True):
-        problem = output_problem(r, c, stop_at_eos)
+        problem = output_problem(r, c, caps.stop_at_eos, caps.eos_token_ids)
         if problem is not None:
             raise EngineError(f"{engine.mode} engine, request {r.request_id}: {problem}; "
                               "the model or server is broken (NaN/Inf weights, a truncated answer)")

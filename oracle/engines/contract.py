@@ -166,11 +166,13 @@ class RunSpec:
 
 @runtime_checkable
 class StopsAtEos(Protocol):
-    """`stop_at_eos` true: a request finishes at the model's EOS token, so a completion may hold fewer
-    than `max_tokens` tokens (at least one). Read once, when the engine is wrapped (native: the
-    `engine.options.stop_at_eos` option)."""
+    """`stop_at_eos` true: a request finishes at one of `eos_token_ids`, so a completion may hold fewer
+    than `max_tokens` tokens: at least one, the last of them an EOS id (a short output ending in any
+    other token is a truncated one, an engine error). Read once, when the engine is wrapped (native:
+    the `engine.options.stop_at_eos` option and the model's eos_token_id)."""
 
     stop_at_eos: bool
+    eos_token_ids: Sequence[int]
 
 
 @runtime_checkable
@@ -240,6 +242,7 @@ class Capabilities:
     implements the protocol of that name (off, or empty, when it does not)."""
 
     stop_at_eos: bool = False  # StopsAtEos, with stop_at_eos true
+    eos_token_ids: tuple[int, ...] = ()  # StopsAtEos: what a short output must end with
     reset_prefix_cache: bool = False  # ResetsPrefixCache
     capture: bool = False  # Capturable
     localize: bool = False  # LocalizesInWorker
@@ -269,6 +272,7 @@ def capabilities(engine: object) -> Capabilities:
     packages = engine.op_packages if isinstance(engine, DeclaresOpPackages) else ()
     return Capabilities(
         stop_at_eos=isinstance(engine, StopsAtEos) and engine.stop_at_eos is True,
+        eos_token_ids=tuple(int(t) for t in engine.eos_token_ids) if isinstance(engine, StopsAtEos) else (),
         reset_prefix_cache=isinstance(engine, ResetsPrefixCache),
         capture=isinstance(engine, Capturable),
         localize=isinstance(engine, LocalizesInWorker),
@@ -304,12 +308,13 @@ def _nonfinite(values: Any) -> tuple[int, float] | None:
     return (int(bad[0]), float(row[bad[0]])) if bad.size else None
 
 
-def output_problem(request: Request, c: Any, stop_at_eos: bool = False) -> str | None:
+def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_token_ids: Sequence[int] = ()) -> str | None:
     """What makes `c` an impossible output for `request`, or None when it is a well-formed Completion.
 
     A broken model (NaN or Inf weights) or a lying server must never compare equal by accident, so
     these are engine faults, not data: a non-Completion; token ids that are not ints; more tokens
-    than `max_tokens`, or fewer unless the engine stops at EOS; per-step lists of other lengths; a
+    than `max_tokens`, or fewer unless the engine stops at EOS and the last is one of `eos_token_ids`;
+    per-step lists of other lengths; a
     sampled-token logprob that is NaN or +-Inf (a sampled token has a finite probability); a top-1
     that is not finite or a top-2 that is NaN or +Inf; a logits row with a NaN or +Inf.
     """
@@ -318,9 +323,13 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False) -> str |
     if not isinstance(c.token_ids, list) or not isinstance(c.logprobs, list):
         return "token_ids and logprobs must be lists"
     n, want = len(c.token_ids), request.sampling.max_tokens
-    if n > want or (n < want and not (stop_at_eos and n > 0)):
+    if n > want or (n < want and not stop_at_eos):
         return (f"{n} tokens for max_tokens {want} (a request generates exactly max_tokens: "
                 "EOS is ignored, so a short output is a truncated one)")
+    if n < want and (n == 0 or c.token_ids[-1] not in eos_token_ids):
+        ends = f"ends in token {c.token_ids[-1]!r}" if n else "is empty"
+        return (f"{n} tokens for max_tokens {want}: the engine stops at EOS, but the output {ends}, not an "
+                f"EOS token ({', '.join(map(str, eos_token_ids)) or 'the engine declares none'}): a truncated one")
     bad_id = next((t for t in c.token_ids if type(t) is not int or t < 0), None)
     if bad_id is not None:
         return f"token id {bad_id!r} is not a non-negative int"

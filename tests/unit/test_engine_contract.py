@@ -92,6 +92,7 @@ class Capable(Minimal):
     """Every optional capability, each call recorded with the thread it ran on."""
 
     stop_at_eos = True
+    eos_token_ids = (1,)  # _completion's token
     op_packages = ("my_ops",)
 
     def __init__(self, mode: Mode = "production", hang: str = "") -> None:
@@ -178,7 +179,8 @@ def test_an_engine_that_declares_nothing_has_every_capability_off() -> None:
 
 def test_declared_capabilities_are_seen_and_called_through_the_watchdog() -> None:
     engine = Capable()
-    assert capabilities(engine) == Capabilities(stop_at_eos=True, reset_prefix_cache=True, capture=True,
+    assert capabilities(engine) == Capabilities(stop_at_eos=True, eos_token_ids=(1,), reset_prefix_cache=True,
+                                                capture=True,
                                                 localize=True, localize_layout=True, op_packages=("my_ops",),
                                                 forward_timing=True)
     guarded = GuardedEngine(engine, 5.0)

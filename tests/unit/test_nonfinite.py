@@ -76,8 +76,18 @@ def test_impossible_outputs_are_named(c: Any, says: str) -> None:
 def test_well_formed_outputs_pass_and_an_eos_engine_may_stop_early() -> None:
     masked = np.array([0.0, -np.inf], dtype=np.float32)
     assert output_problem(REQ, _c([-0.5] * 3, logits=[masked] * 3, top2=[(1.0, -math.inf)] * 3)) is None
-    assert output_problem(REQ, _c([-0.5, -0.5]), stop_at_eos=True) is None
-    assert output_problem(REQ, _c([]), stop_at_eos=True) is not None
+    eos = (7,)
+    assert output_problem(REQ, _c([-0.5, -0.5], tokens=[3, 7]), stop_at_eos=True, eos_token_ids=eos) is None
+    assert output_problem(REQ, _c([]), stop_at_eos=True, eos_token_ids=eos) is not None
+
+
+@pytest.mark.parametrize(("tokens", "eos", "says"), [
+    ([3, 4], (7,), "ends in token 4, not an EOS token (7)"),  # cut short in mid-answer
+    ([3, 7], (), "the engine declares none"),  # no EOS id known: a short output cannot be told from a cut one
+])
+def test_an_eos_engine_short_output_must_end_in_eos(tokens: list[int], eos: tuple[int, ...], says: str) -> None:
+    problem = output_problem(REQ, _c([-0.5] * len(tokens), tokens=tokens), stop_at_eos=True, eos_token_ids=eos)
+    assert problem is not None and says in problem
 
 
 # --- a whole run: a broken engine is an engine error (exit 3), never a pass -----------------------------

@@ -109,6 +109,8 @@ class NativeEngine:
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.block_size = config.block_size
         self.stop_at_eos = options.stop_at_eos
+        eos = self.decoder.config.eos_token_id
+        self.eos_token_ids: tuple[int, ...] = (eos,) if eos is not None else ()
         self.enable_prefix_caching = config.enable_prefix_caching
         self.num_threads = config.num_threads
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
