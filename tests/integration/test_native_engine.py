@@ -17,8 +17,8 @@ from oracle.engines.native import NativeEngine
 
 @pytest.fixture(scope="module")
 def engines(tiny_qwen3: Path) -> dict[str, NativeEngine]:
-    inv = NativeEngine(tiny_qwen3, "invariant", EngineConfig.of("native", max_num_batched_tokens=4096))
-    prod = NativeEngine(inv.decoder, "production", EngineConfig.of("native", max_num_batched_tokens=4096))
+    inv = NativeEngine(tiny_qwen3, "invariant", EngineConfig.of("native", max_num_batched_tokens=4096, num_threads=1))
+    prod = NativeEngine(inv.decoder, "production", EngineConfig.of("native", max_num_batched_tokens=4096, num_threads=1))
     return {"invariant": inv, "production": prod}
 
 

@@ -105,7 +105,7 @@ class Capable(Minimal):
     def _call(self, name: str) -> None:
         self.calls.append((name, threading.current_thread().name))
         if self.hang == name:
-            RELEASE.wait()
+            RELEASE.wait(60)  # a watchdog that never gives up fails the test after 60 s, never hangs the suite
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         self._call("generate")
