@@ -158,9 +158,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from oracle.config import load_config
-    from oracle.lifecycle import supervise
-    from oracle.lifecycle.run_guard import RunGuard, replace_stale_report
+    # A signal while these load is held until they are whole, then raised: the handler that replaces an
+    # earlier run's report imports them again, and a module cut in half by the signal would break it.
+    with signals.deferred():
+        from oracle.config import load_config
+        from oracle.lifecycle import supervise
+        from oracle.lifecycle.run_guard import RunGuard, replace_stale_report
 
     overrides: dict[str, object] = {}
     if args.trials is not None:

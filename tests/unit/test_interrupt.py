@@ -142,15 +142,22 @@ def test_signal_before_the_run_is_guarded_replaces_a_stale_pass(fake_model: Path
         real_import = builtins.__import__
         sent: list[bool] = []
 
+        whole: list[str] = []
+
         def signalling_import(name: str, *a: Any, **k: Any) -> Any:
             if name == "oracle.config" and not sent:
                 sent.append(True)
                 os.kill(os.getpid(), signal.SIGTERM)  # arrives while `oracle run` imports its modules
+                module = real_import(name, *a, **k)
+                whole.append(name)  # held until here: a module is never cut in half by the signal
+                return module
             return real_import(name, *a, **k)
 
         monkeypatch.setattr(builtins, "__import__", signalling_import)
     code = cli.main(["run", str(path)])
     assert code == 143
+    if when != "reading the arguments":
+        assert whole == ["oracle.config"]
     report = json.loads((report_dir / "report.json").read_text())
     assert report["complete"] is False and report["exit_code"] == 143, report
     assert "SIGTERM" in report["error"]
