@@ -224,6 +224,7 @@ class OpenAIEngine:
         self.mode_env = dict(options.mode_env.get(mode, {}))
         self.warnings: list[str] = [SHARED_URL_WARNING] if isinstance(options.base_url, str) else []
         self.prefix_cache_reset = options.prefix_cache_reset
+        self.fingerprints: set[str] = set()  # system_fingerprint of the answers: the server's build, where it says
         # Only with a way to start a trial cold is the server's prefix cache something the run can test.
         self.capabilities = Capabilities(reset_prefix_cache=self.prefix_cache_reset != "off")
         self._salt: str | None = None
@@ -359,6 +360,9 @@ class OpenAIEngine:
             "base_url": self.base_url,
             "served_model": self._info["served_model"],
             "server_version": self._info["server_version"],
+            # What the answers said of the server's configuration (OpenAI's system_fingerprint); more than one
+            # means the server changed under the run. Read again when the mode ends.
+            "system_fingerprint": sorted(self.fingerprints) or None,
             "command": self.command,
             "invariance_mechanism": "whatever the server was started with"
             + (f"; mode env {self.mode_env}" if self.mode_env else ""),
@@ -406,6 +410,9 @@ class OpenAIEngine:
                     answer = await self._post(client, url, self._body(r))
                 finally:
                     num_seqs = in_flight.pop(i)
+            fingerprint = answer.get("system_fingerprint") if isinstance(answer, dict) else None
+            if isinstance(fingerprint, str) and fingerprint:
+                self.fingerprints.add(fingerprint)
             try:
                 return parse_choice(r, answer["choices"][0], num_seqs, cached_tokens(answer))
             except (KeyError, IndexError, TypeError, ValueError) as e:

@@ -65,7 +65,8 @@ def completion(body, fault=""):
     choice = {"index": 0, "text": "", "finish_reason": "stop" if fault == "short" else "length", "logprobs": logprobs}
     if fault == "bool_ids":
         choice["token_ids"] = [True] * len(tokens)
-    return {"object": "text_completion", "model": body["model"], "choices": [choice]}
+    return {"object": "text_completion", "model": body["model"], "choices": [choice],
+            "system_fingerprint": "fp-stub-1"}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -223,6 +224,7 @@ def test_parses_token_ids_logprobs_top2_and_digests(stub: Any, tmp_path: Path) -
                     "logprobs": 3, "return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True}
     info = engine.describe()
     assert (info["engine"], info["served_model"], info["server_version"]) == ("openai", "stub-model", "stub-1")
+    assert info["system_fingerprint"] == ["fp-stub-1"]  # read from the answers
     assert "client-side" in info["evidence"]
 
 
