@@ -222,6 +222,11 @@ class GuardedEngine:
         return self.capabilities.stop_at_eos
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """StopsAtEos: what a completion shorter than max_tokens must end with."""
+        return self.capabilities.eos_token_ids
+
+    @property
     def op_packages(self) -> tuple[str, ...]:
         """DeclaresOpPackages: modules a repro imports for the engine's custom ops."""
         return self.capabilities.op_packages

@@ -20,6 +20,7 @@ from oracle.engines.contract import (
     RunSpec,
     SamplingParams,
     StepEvidence,
+    StopsAtEos,
     capabilities,
     class_needs_weights,
     missing_members,
@@ -186,6 +187,7 @@ def test_declared_capabilities_are_seen_and_called_through_the_watchdog() -> Non
     guarded = GuardedEngine(engine, 5.0)
     assert guarded.capabilities == capabilities(engine) == capabilities(guarded)
     assert guarded.stop_at_eos and guarded.op_packages == ("my_ops",) and can_localize(guarded)
+    assert guarded.eos_token_ids == (1,) and isinstance(guarded, StopsAtEos)
     spec = RunSpec(tuple(_requests(1)), 0)
     guarded.reset_prefix_cache()
     assert guarded.capture(spec, object()).request_id == "trial-0"  # type: ignore[arg-type]
