@@ -364,7 +364,12 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
             recs.append(record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
                                inv.localized.get(("prefix", t)), num_cached_tokens=cached))
     n = len(inv.prefix)
-    ev = {"targets": n, "warm_runs_with_cache_hits": hits}
+    cold_hits = sum(max((e.num_cached_tokens for e in cold.evidence), default=0) > 0 for cold, _ in inv.prefix.values())
+    ev = {"targets": n, "warm_runs_with_cache_hits": hits, "cold_runs_with_cache_hits": cold_hits}
+    if cold_hits:  # the reset did not empty the cache: no run here was cold, so warm vs cold says nothing
+        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
+                                  evidence=ev, message=f"{cold_hits} of {n} cold runs hit the prefix cache: the "
+                                  "engine's reset did not empty it, so no run was cold"))
     if inv.prefix_note and requirement != "required":
         # Not applicable: the engine was configured without a prefix cache. Required, it stays vacuous (blocks).
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="skipped", trials=0,

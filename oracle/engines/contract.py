@@ -314,9 +314,9 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_toke
     A broken model (NaN or Inf weights) or a lying server must never compare equal by accident, so
     these are engine faults, not data: a non-Completion; token ids that are not ints; more tokens
     than `max_tokens`, or fewer unless the engine stops at EOS and the last is one of `eos_token_ids`;
-    per-step lists of other lengths; a
-    sampled-token logprob that is NaN or +-Inf (a sampled token has a finite probability); a top-1
-    that is not finite or a top-2 that is NaN or +Inf; a logits row with a NaN or +Inf.
+    per-step lists of other lengths; a sampled-token logprob that is NaN or +-Inf (a sampled token has
+    a finite probability); a top-1 that is not finite or a top-2 that is NaN or +Inf; a logits row with
+    a NaN or +Inf.
     """
     if not isinstance(c, Completion):
         return f"returned {type(c).__name__}, not a Completion"
