@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from oracle.capture.rows import Captured, Grid, OpCall, PassLayout, RowCapture, Snapshot, select_rows
-from oracle.capture.rules import Finding, LocalizedOp, bitwise_equal, localize_captured, ulp_distance
+from oracle.capture.rules import Finding, LocalizedOp, localize_captured
 from oracle.engines.contract import Completion, RunSpec
 
 __all__ = ["Captured", "Finding", "Grid", "LocalizedOp", "OpCall", "PassLayout", "RowCapture", "Snapshot",
@@ -47,8 +47,15 @@ def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eag
 
 def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, finding: Finding, repro_dir: Path | None,
             imports: Sequence[str] = ()) -> LocalizedOp:
-    """Run the named op alone on the inputs it got in each run (captured again, whole) and compare the target's rows."""
-    from oracle.capture.confirm import differing_quantities, launch_quantities, row_inputs_differ, run_alone
+    """Run the named op alone on the inputs it got in each run (captured again, whole), in the state it ran in
+    inside the engine, and compare the target's rows with the engine's (`oracle.capture.confirm.verdict`)."""
+    from oracle.capture.confirm import (
+        differing_quantities,
+        launch_quantities,
+        row_inputs_differ,
+        run_alone,
+        verdict,
+    )
     from oracle.capture.repro import write_repro
 
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
@@ -67,37 +74,23 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
                        note="; ".join(x for x in (op.note, f"its input {', '.join(moved)} already differed at the "
                                                   "target's rows (computed where the capture could not follow): "
                                                   "the cause is upstream of this op") if x))
+    state = a.snapshot.state or e.snapshot.state
+    how = state.describe() if state is not None else f"{a.snapshot.threads} threads, kernel mode unrecorded"
     try:
-        alone_e = run_alone(e.snapshot, e_call.grid)
-        alone_a = run_alone(a.snapshot, a_call.grid)
+        alone_e = run_alone(e.snapshot, e_call.grid, e_call.kind)
+        alone_a = run_alone(a.snapshot, a_call.grid, a_call.kind)
     except Exception as err:  # an op that needs its engine's context (a forward context, a stream) to run
         return replace(op, confirmation="not checked", depends_on=depends,
                        confirm_note=f"the op could not run alone: {type(err).__name__}: {err}")
-    differing = [p for p in op.positions if p in alone_e and p in alone_a
-                 and bitwise_equal(alone_e[p], alone_a[p]) is False]
-    if differing:
-        ulps = [u for p in differing if (u := ulp_distance(alone_e[p], alone_a[p])) is not None]
-        same_bits = all(bitwise_equal(alone_a[p], a_call.rows[i]) is not False
-                        for i, p in enumerate(a_call.positions) if p in alone_a)
-        note = (f"run alone on each run's captured inputs, positions {_ranges(differing)} differ"
-                + (f" by up to {max(ulps)} ULP" if ulps else "")
-                + ("" if same_bits else "; run alone, the failing inputs gave other bits than in the engine"))
-        status = "confirmed"
-    else:
-        note = ("run alone on each run's captured inputs the op gives the target equal bits: the difference came "
-                "from state it does not take as an input (a workspace, a cache, a stream)")
-        status = "not reproduced alone"
+    engine_rows = (dict(zip(e_call.positions, e_call.rows, strict=True)),
+                   dict(zip(a_call.positions, a_call.rows, strict=True)))
+    status, note = verdict(op.positions, (alone_e, alone_a), engine_rows, how)
     op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
     if repro_dir is not None:
         try:
-            path = write_repro(repro_dir, op.to_json(), e.snapshot, a.snapshot, (e_call.grid, a_call.grid), imports)
+            path = write_repro(repro_dir, op.to_json(), e.snapshot, a.snapshot, (e_call.grid, a_call.grid), imports,
+                               a_call.kind)
             op = replace(op, repro=str(path))
         except OSError as err:
             op = replace(op, confirm_note=f"{op.confirm_note}; repro/ not written: {err}")
     return op
-
-
-def _ranges(positions: Sequence[int]) -> str:
-    from oracle.capture.rules import _ranges as ranges
-
-    return ranges(positions)

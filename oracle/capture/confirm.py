@@ -2,10 +2,9 @@
 
 `clone_inputs` copies an op call's inputs before it runs (same shapes, dtypes and strides; a paged
 KV cache cut down to the blocks its block table names, the table renumbered to match, so a
-40 GB cache costs only the blocks the call reads). `run_alone` calls the op on such a copy and
-returns the target's rows of the result the capture compared. If the two runs' copies, run alone,
-still give the target different bits, the op is `confirmed`; if not, the difference came from
-state the op does not take as input (a workspace, a cache, a stream), and the report says so.
+40 GB cache costs only the blocks the call reads). `run_alone` calls the op on such a copy, in the
+kernel mode, threads and flags it ran under in the engine (`oracle.capture.state`), and returns the
+target's rows of the result the capture compared; `verdict` compares them with the engine's.
 
 Also here: the op's class (attention, matmul, norm, sampling, communication, kv-cache) and the
 batch-wide quantities its launch could have keyed a configuration on (packed query length,
@@ -15,13 +14,14 @@ number of KV splits, M of a matmul), read from the call's arguments.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from oracle.capture.copies import clone_inputs
-from oracle.capture.rows import Snapshot, named_args, select_rows
+from oracle.capture.rows import Snapshot, kv_rows, named_args, select_rows
 
 
 def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> torch.Tensor | None:
@@ -39,21 +39,25 @@ def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], o
     return returned[j] if j < len(returned) else None
 
 
-def run_alone(snap: Snapshot, grid: int) -> dict[int, torch.Tensor]:
-    """Run the snapshot's op once more on a fresh copy of its inputs: the target's rows by position."""
+def run_alone(snap: Snapshot, grid: int, kind: str = "out") -> dict[int, torch.Tensor]:
+    """Run the snapshot's op once more on a fresh copy of its inputs, in the state it ran in inside the engine
+    (`snap.state`: kernel overrides, threads, matmul flags): the target's rows by position.
+
+    `kind` "kv_write": the rows are the target's own slots of the cache the op wrote, as the capture took them.
+    """
+    from oracle.capture.state import OpState, applied
+
     args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(snap.threads)
-    try:
-        with torch.no_grad():
-            out = snap.func(*args, **kwargs)
-    finally:
-        torch.set_num_threads(threads)
+    state = snap.state or replace(OpState.now(), threads=snap.threads)
+    with applied(state), torch.no_grad():
+        out = snap.func(*args, **kwargs)
     if any(t.is_cuda for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)):
         torch.cuda.synchronize()
     t = result_tensor(snap, args, kwargs, out)
     g = snap.layout.grids[grid]
-    rows = select_rows(t, g) if t is not None else None
+    if t is None:
+        return {}
+    rows = kv_rows(t, args, kwargs, g, snap.layout.block_size) if kind == "kv_write" else select_rows(t, g)
     if rows is None:
         return {}
     return {pos: rows[i].detach().cpu() for i, pos in enumerate(g.positions)}
@@ -149,3 +153,56 @@ def _rows_by_position(t: torch.Tensor, snap: Snapshot) -> dict[int, torch.Tensor
         if rows is not None:
             return {pos: rows[i].detach().cpu().contiguous() for i, pos in enumerate(g.positions)}
     return {}
+
+
+def verdict(positions: Sequence[int], alone: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]],
+            engine: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]], how: str) -> tuple[str, str]:
+    """`confirmed`, `not reproduced alone` or `not checked`, and why: the op's rows run alone on (solo, trial)
+    inputs against the rows the engine gave the same calls, bitwise, at the target's differing `positions`.
+
+    `confirmed` only when alone the op gives the engine's bits for both inputs (so the two differ where the
+    engine's did); `not reproduced alone` when alone both inputs get equal bits, the engine's for one of the
+    runs (said which): what moved the other is the pass, not the op's inputs; `not checked` when nothing
+    could be compared or the re-run does not give the engine's bits (it is not the engine's op, so it can
+    neither confirm nor clear it). `how`: the state the op was re-run in, for the note.
+    """
+    from oracle.capture.rules import _ranges, bitwise_equal, ulp_distance
+
+    (alone_e, alone_a), (engine_e, engine_a) = alone, engine
+    compared = [p for p in positions if p in alone_e and p in alone_a and p in engine_e and p in engine_a]
+    if not compared:
+        return "not checked", (f"run alone ({how}), the op's result held none of the target's differing rows "
+                               f"(positions {_ranges(positions)}): nothing to compare")
+
+    def same(x: torch.Tensor, y: torch.Tensor) -> bool:
+        return bitwise_equal(x, y) is True
+
+    def ulps(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
+        found = [u for x, y in pairs if (u := ulp_distance(x, y)) is not None]
+        return f" by up to {max(found)} ULP" if found else ""
+
+    differ = [p for p in compared if not same(alone_e[p], alone_a[p])]
+    off_e = [p for p in compared if not same(alone_e[p], engine_e[p])]
+    off_a = [p for p in compared if not same(alone_a[p], engine_a[p])]
+    moved = ulps([(engine_e[p], engine_a[p]) for p in compared])
+    if differ and not off_e and not off_a:
+        return "confirmed", (f"run alone ({how}) on each run's captured inputs, the op gives the engine's bits for "
+                             f"both: positions {_ranges(differ)} differ{ulps([(alone_e[p], alone_a[p]) for p in differ])}"
+                             ", as in the engine")
+    if differ:
+        return "not checked", (f"run alone ({how}), the op's rows differ between the two inputs at positions "
+                               f"{_ranges(differ)}, but not with the engine's bits (the solo run's inputs at "
+                               f"{_ranges(off_e) if off_e else 'none'}, the trial's at {_ranges(off_a) if off_a else 'none'}"
+                               "): this re-run is not the op as the engine ran it, so it neither confirms nor clears it")
+    pass_state = ("what moved it is the pass, not the op's inputs (state the op does not take as an input: a "
+                  "workspace, a cache, launch metadata, another layer of dispatch)")
+    if not off_e:
+        return "not reproduced alone", (
+            f"run alone ({how}), the op gives the trial's inputs the solo run's bits, the engine's for the solo run; "
+            f"in the trial the engine gave positions {_ranges(off_a)} other bits{moved}: {pass_state}")
+    if not off_a:
+        return "not reproduced alone", (
+            f"run alone ({how}), the op gives the solo run's inputs the trial's bits, the engine's for the trial; "
+            f"in the solo run the engine gave positions {_ranges(off_e)} other bits{moved}: {pass_state}")
+    return "not checked", (f"run alone ({how}), the op gives both inputs equal bits, but neither run's engine bits "
+                           f"(positions {_ranges(compared)}): this re-run is not the op as the engine ran it")

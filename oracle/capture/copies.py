@@ -38,11 +38,14 @@ def _compacted(named: dict[str, Any]) -> dict[str, torch.Tensor]:
     if table is None or table.dim() != 2 or table.is_floating_point() or not table.numel():
         return {}
     top = int(table.max().item())
-    caches = {a: t for a, t in named.items() if isinstance(t, torch.Tensor) and t is not table
-              and t.is_floating_point() and t.dim() >= 3 and t.shape[0] > top}
-    if not caches:
+    # A paged cache is [num_blocks, block_size, H, D] (4 dims or more), indexed by the table along dim 0. A
+    # query or output [T, H, D] is never one, however many tokens the pass holds (T may exceed the top block).
+    paged = {a: t for a, t in named.items() if isinstance(t, torch.Tensor) and t is not table
+             and t.is_floating_point() and t.dim() >= 4 and t.shape[0] > top}
+    if not paged:
         return {}
-    num_blocks = next(iter(caches.values())).shape[0]
+    num_blocks = max(t.shape[0] for t in paged.values())
+    caches = {a: t for a, t in paged.items() if t.shape[0] == num_blocks}
     used = torch.unique(table[table >= 0]).long()
     lut = torch.zeros(num_blocks, dtype=table.dtype, device=table.device)
     lut[used] = torch.arange(used.numel(), dtype=table.dtype, device=table.device)
@@ -50,8 +53,7 @@ def _compacted(named: dict[str, Any]) -> dict[str, torch.Tensor]:
     name = next(n for n in BLOCK_TABLE_ARGS if named.get(n) is table)
     out = {name: _clone(renumbered)}
     for a, t in caches.items():
-        if t.shape[0] == num_blocks:
-            out[a] = t.index_select(0, used.to(t.device)).contiguous()
+        out[a] = t.index_select(0, used.to(t.device)).contiguous()
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from oracle.capture.copies import named_args
 from oracle.capture.rows import Snapshot
 
 # Python packages that register an op namespace when imported.
@@ -72,33 +73,120 @@ def _op_name(func: Any) -> str:
     return f"{ns}.{name}.{func._schema.overload_name or 'default'}"
 
 
+def _custom_op_module(func: Any) -> list[str]:
+    """The Python module that defined a `torch.library.custom_op` (importing it registers the op), if any."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return []
+    opdef = OPDEFS.get(str(func._schema.name))
+    module = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
+    return [module] if isinstance(module, str) and module != "__main__" else []
+
+
+def _rebuilt_handle(snap: Snapshot) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """What the op's opaque handle is rebuilt from (checked: the rebuilt handle gives the op's bits), or why not."""
+    from oracle.capture.confirm import result_tensor
+    from oracle.capture.copies import clone_inputs
+    from oracle.capture.handles import recipe_for
+    from oracle.capture.state import OpState, applied
+
+    recipe = recipe_for(snap.func)
+    if recipe is None:
+        return None, ""
+    try:
+        with applied(snap.state or OpState.now()), torch.no_grad():
+            tensors = recipe.read(named_args(snap.func, snap.args, snap.kwargs))
+            handle = recipe.build(tensors)
+            results = []
+            for rebuilt in (False, True):
+                args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
+                named = list(named_args(snap.func, args, kwargs))
+                if rebuilt:
+                    if recipe.arg in kwargs:
+                        kwargs[recipe.arg] = handle
+                    else:
+                        args = tuple(handle if n == recipe.arg else a for n, a in zip(named, args, strict=False))
+                out = snap.func(*args, **kwargs)
+                results.append(result_tensor(snap, args, kwargs, out))
+    except Exception as err:  # noqa: BLE001 - said in the repro folder, never raised: the repro is optional
+        return None, f"its {recipe.arg} (a handle of the engine's process) could not be rebuilt: {type(err).__name__}: {err}"
+    a, b = results
+    if a is None or b is None or not torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                                                 b.view(torch.uint8) if b.is_floating_point() else b):
+        return None, f"its {recipe.arg}, rebuilt from what it was read back as, does not give the engine's bits"
+    return tensors, ""
+
+
 def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, actual: Snapshot,
-                grids: tuple[int, int], imports: Sequence[str] = ()) -> Path:
-    """Write `folder` (replaced whole, via a temporary sibling); returns it."""
+                grids: tuple[int, int], imports: Sequence[str] = (), kind: str = "out") -> Path:
+    """Write `folder` (replaced whole, via a temporary sibling); returns it.
+
+    `kind` "kv_write": the target's rows are its own slots of the written cache (recorded per side).
+    When an argument cannot be rebuilt in another process (an opaque handle no recipe covers, an object
+    of an unsupported type), op.json says `standalone: false` and why, and repro.py exits 2 saying so.
+    """
+    from oracle.capture.handles import recipe_for, suspect_handles
+    from oracle.capture.rows import kv_slots
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".repro-", dir=folder.parent))
     sides: dict[str, Any] = {}
+    why: list[str] = []
     for side, snap, grid in (("expected", expected, grids[0]), ("actual", actual, grids[1])):
         tensors: dict[str, torch.Tensor] = {}
         meta: dict[str, Any] = {}
         args = [_encode(a, tensors, meta, f"arg{i}") for i, a in enumerate(snap.args)]
         kwargs = {k: _encode(v, tensors, meta, f"kw.{k}") for k, v in snap.kwargs.items()}
+        recipe = recipe_for(snap.func)
+        if recipe is not None:
+            built, reason = _rebuilt_handle(snap)
+            names = [a.name for a in snap.func._schema.arguments]
+            spec = ({"handle": recipe.recipe, "from": {n: _encode(t, tensors, meta, f"handle.{n}")
+                                                       for n, t in built.items()}}
+                    if built is not None else {"unsupported": f"handle ({reason})"})
+            if recipe.arg in kwargs:
+                kwargs[recipe.arg] = spec
+            elif recipe.arg in names and names.index(recipe.arg) < len(args):
+                args[names.index(recipe.arg)] = spec
+            if reason:
+                why.append(reason)
+        for name in suspect_handles(snap.func, snap.args, snap.kwargs):
+            why.append(f"its argument {name} looks like a handle of the engine's process, which no recipe rebuilds")
+        for path, value in _unsupported(args, kwargs):
+            why.append(f"its argument {path} is a {value}, which the repro cannot rebuild")
         _write_safetensors(tmp / f"{side}.safetensors", tensors)
         g = snap.layout.grids[grid]
-        sides[side] = {"args": args, "kwargs": kwargs, "tensors": meta, "result": snap.result,
-                       "grid": {"shape": list(g.shape), "rows": [list(r) for r in g.rows],
-                                "positions": list(g.positions)}}
+        grid_json: dict[str, Any] = {"shape": list(g.shape), "rows": [list(r) for r in g.rows],
+                                     "positions": list(g.positions)}
+        if kind == "kv_write":
+            slots = kv_slots(snap.args, snap.kwargs, g)
+            grid_json["slots"] = [int(x) for x in slots.tolist()] if slots is not None else []
+            grid_json["block_size"] = snap.layout.block_size
+        sides[side] = {"args": args, "kwargs": kwargs, "tensors": meta, "result": snap.result, "grid": grid_json}
     ns = str(expected.func._schema.name).partition("::")[0]
+    state = expected.state.to_json() if expected.state is not None else {"threads": expected.threads}
+    why = list(dict.fromkeys(why))
     spec = {"op": _op_name(expected.func), "schema": str(expected.func._schema), "threads": expected.threads,
-            "imports": list(dict.fromkeys([*NAMESPACE_IMPORTS.get(ns, []), *imports])),
+            "state": state, "kind": kind, "standalone": not why, "why_not_standalone": "; ".join(why),
+            "imports": list(dict.fromkeys([*NAMESPACE_IMPORTS.get(ns, []), *_custom_op_module(expected.func),
+                                           *imports])),
             "localized": localized, **sides}
     (tmp / "op.json").write_text(json.dumps(spec, indent=1) + "\n")
     (tmp / "repro.py").write_text(REPRO_PY)
+    mode = "oracle_kernels' batch-invariant overrides on" if state.get("oracle_kernels") else "torch's default kernels"
+    standalone = ("" if not why else "\n**This op cannot run standalone**: " + "; ".join(why)
+                  + ". repro.py says so and exits 2.\n")
     (tmp / "README.md").write_text(
         f"# One-op repro: {spec['op']}\n\n{localized.get('module', '')}, pass {localized.get('forward_pass')}, "
         f"step {localized.get('engine_step')}: the target's rows differ between the solo run (expected) and the "
-        "trial (actual).\n\n    python repro.py            # runs the op on both inputs, prints the ULP difference\n"
-        "    python repro.py --device cpu\n\nNeeds torch and the package that registers the op "
+        f"trial (actual). Confirmation: {localized.get('confirmation')} ({localized.get('confirm_note')}).\n"
+        f"{standalone}\n"
+        "    python repro.py            # runs the op on both inputs, prints the ULP difference\n"
+        "    python repro.py --device cpu\n\n"
+        f"Runs as the engine ran it: {mode}, {state.get('threads')} threads (op.json `state`). Exit 0: the "
+        "target's rows differ (the difference reproduces); 1: they are bitwise equal; 2: the repro could not run "
+        "(the reason on one line).\n\nNeeds torch and the package that registers the op "
         f"({', '.join(spec['imports']) or 'torch only'}).\n")
     if folder.exists():
         old = folder.with_name(folder.name + ".old")
@@ -106,6 +194,24 @@ def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, act
         _remove(old)
     os.replace(tmp, folder)
     return folder
+
+
+def _unsupported(args: list[Any], kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, dict):
+            if "unsupported" in v and not str(v["unsupported"]).startswith("handle"):
+                found.append((path, str(v["unsupported"])))
+            for k, x in v.items():
+                walk(x, f"{path}.{k}" if k != "list" else path)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
+
+    walk(args, "args")
+    walk(kwargs, "kwargs")
+    return found
 
 
 def _remove(path: Path) -> None:
@@ -116,25 +222,29 @@ def _remove(path: Path) -> None:
 
 REPRO_PY = r'''"""Run one op on the inputs it got in two runs of an engine and print how the target's rows differ.
 
-Usage: python repro.py [--device DEVICE]. Needs torch and the package named in op.json "imports".
-Exit 0 when the rows differ (the repro reproduces), 1 when they are bitwise equal.
+Usage: python repro.py [--device DEVICE]. Needs torch and the packages named in op.json "imports".
+It runs the op as the engine ran it (op.json "state": oracle_kernels' overrides on or off, threads,
+matmul precision; the recorded environment variables are set before anything is imported).
+Exit 0: the target's rows differ (the difference reproduces); 1: they are bitwise equal;
+2: the repro could not run (one line on stderr says why).
 """
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import struct
 import sys
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
 
 
-def load(path):
+class CannotRun(Exception):
+    pass
+
+
+def load(path, torch, dtypes):
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
@@ -144,11 +254,21 @@ def load(path):
         lo, hi = h["data_offsets"]
         raw = bytearray(data[base + lo:base + hi])
         t = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        out[name] = t.view(DTYPES[h["dtype"]]).reshape(h["shape"])
+        out[name] = t.view(dtypes[h["dtype"]]).reshape(h["shape"])
     return out
 
 
-def decode(v, tensors, meta, device):
+def onednn_mm_handler(torch, tensors):
+    # vLLM's CPU GEMM handle, built as vLLM builds it at load: the [N, K] weight passed as its [K, N] view.
+    if not hasattr(torch.ops._C, "create_onednn_mm_handler"):
+        raise CannotRun("this vLLM build has no _C.create_onednn_mm_handler to rebuild the oneDNN handle")
+    return torch.tensor(torch.ops._C.create_onednn_mm_handler(tensors["weight"].t(), 32), dtype=torch.int64)
+
+
+BUILDS = {"onednn_mm_handler": onednn_mm_handler}
+
+
+def decode(v, tensors, meta, device, torch):
     if isinstance(v, dict):
         if "tensor" in v:
             name = v["tensor"]
@@ -157,29 +277,38 @@ def decode(v, tensors, meta, device):
             t = torch.empty_strided(m["shape"], m["stride"], dtype=tensors[name].dtype, device=dev)
             return t.copy_(tensors[name].to(dev))
         if "list" in v:
-            return [decode(x, tensors, meta, device) for x in v["list"]]
+            return [decode(x, tensors, meta, device, torch) for x in v["list"]]
         if "dtype" in v:
             return getattr(torch, v["dtype"].split(".")[-1])
         if "device" in v:
             return torch.device(device or v["device"])
         if "float" in v:
             return float(v["float"])
-        raise SystemExit(f"repro: cannot rebuild an argument of type {v}")
+        if "handle" in v:
+            built = {k: decode(x, tensors, meta, device, torch) for k, x in v["from"].items()}
+            return BUILDS[v["handle"]](torch, built)
+        raise CannotRun(f"an argument cannot be rebuilt here: {v}")
     return v
 
 
-def rows_of(t, grid):
+def rows_of(t, grid, torch):
+    if "slots" in grid:  # a KV-cache write: the target's own slots of the cache
+        bs = grid.get("block_size")
+        flat = t.flatten(0, 1) if t.dim() == 4 and (bs is None or t.shape[1] == bs) else t
+        return flat.index_select(0, torch.tensor(grid["slots"], device=t.device, dtype=torch.long))
     if len(grid["shape"]) == 1:
+        if t.shape[0] != grid["shape"][0]:
+            raise CannotRun(f"the result has {t.shape[0]} rows, the pass had {grid['shape'][0]}")
         return t.index_select(0, torch.tensor([r[0] for r in grid["rows"]], device=t.device))
     dim = 1 if t.shape[1] == grid["shape"][1] else 2
     return torch.stack([t[b].select(dim - 1, s) for b, s in grid["rows"]])
 
 
-def run(spec, side, op, device):
+def run(spec, side, op, device, torch, dtypes):
     s = spec[side]
-    tensors = load(HERE / f"{side}.safetensors")
-    args = [decode(a, tensors, s["tensors"], device) for a in s["args"]]
-    kwargs = {k: decode(v, tensors, s["tensors"], device) for k, v in s["kwargs"].items()}
+    tensors = load(HERE / f"{side}.safetensors", torch, dtypes)
+    args = [decode(a, tensors, s["tensors"], device, torch) for a in s["args"]]
+    kwargs = {k: decode(v, tensors, s["tensors"], device, torch) for k, v in s["kwargs"].items()}
     out = op(*args, **kwargs)
     where, _, which = s["result"].partition(":")
     if where == "arg":
@@ -190,14 +319,34 @@ def run(spec, side, op, device):
     else:
         flat = [x for x in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(x, torch.Tensor)]
         t = flat[int(which)]
-    return dict(zip(s["grid"]["positions"], rows_of(t, s["grid"]).detach().cpu()))
+    return dict(zip(s["grid"]["positions"], rows_of(t, s["grid"], torch).detach().cpu()))
 
 
-def ordered(t):
+def ordered(t, torch):
     ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
     bits = t.contiguous().view(ints).to(torch.int64)
     top = 1 << (8 * t.element_size() - 1)
     return torch.where(bits < 0, -(bits + top), bits)
+
+
+@contextlib.contextmanager
+def engine_state(state, torch):
+    # The kernel mode the op ran under in the engine: oracle_kernels' overrides on or off.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(state.get("threads") or threads)
+    if "float32_matmul_precision" in state:
+        torch.set_float32_matmul_precision(state["float32_matmul_precision"])
+    if state.get("deterministic_algorithms"):
+        torch.use_deterministic_algorithms(True)
+    if state.get("oracle_kernels"):
+        try:
+            import oracle_kernels
+        except ImportError as e:
+            raise CannotRun(f"the op ran under oracle_kernels' batch-invariant kernels, which do not import: {e}")
+        with oracle_kernels.batch_invariant():
+            yield
+    else:
+        yield
 
 
 def main():
@@ -205,34 +354,61 @@ def main():
     ap.add_argument("--device", help="run on this device instead of the recorded one (e.g. cpu)")
     a = ap.parse_args()
     spec = json.loads((HERE / "op.json").read_text())
+    if not spec.get("standalone", True):
+        raise CannotRun(f"{spec['op']} cannot run standalone: {spec.get('why_not_standalone')}")
+    state = spec.get("state") or {"threads": spec.get("threads")}
+    for k, v in (state.get("env") or {}).items():  # read by kernels at import: set before anything loads
+        os.environ[k] = v
+    try:
+        import torch
+    except ImportError as e:
+        raise CannotRun(f"torch does not import: {e}")
+    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
     for module in spec["imports"]:
         try:
             importlib.import_module(module)
         except ImportError as e:
             print(f"note: import {module} failed: {e}", file=sys.stderr)
-    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())  # CPU kernels can block by threads
     ns, name, overload = spec["op"].split(".")
-    op = getattr(getattr(getattr(torch.ops, ns), name), overload)
-    with torch.no_grad():
-        expected = run(spec, "expected", op, a.device)
-        actual = run(spec, "actual", op, a.device)
-    worst, differing = 0, []
+    try:
+        op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+    except (AttributeError, RuntimeError) as e:
+        raise CannotRun(f"the op {spec['op']} is not registered (imports: {', '.join(spec['imports']) or 'none'}): {e}")
+    with torch.no_grad(), engine_state(state, torch):
+        expected = run(spec, "expected", op, a.device, torch, dtypes)
+        actual = run(spec, "actual", op, a.device, torch, dtypes)
+    worst, differing, compared = 0, [], 0
     for pos in spec["localized"]["positions"]:
         e, x = expected.get(pos), actual.get(pos)
         if e is None or x is None:
             continue
-        if e.is_floating_point():
-            d = int((ordered(e) - ordered(x)).abs().max()) if e.numel() else 0
+        compared += 1
+        if e.shape != x.shape:
+            d = 1
+        elif e.is_floating_point():
+            d = int((ordered(e, torch) - ordered(x, torch)).abs().max()) if e.numel() else 0
         else:
             d = int((e != x).sum())
         if d:
             differing.append(pos)
             worst = max(worst, d)
-    print(f"{spec['op']} ({spec['localized'].get('module', '')}): {len(differing)} of "
-          f"{len(spec['localized']['positions'])} target rows differ, max {worst} ULP")
+    if not compared:
+        raise CannotRun("the op's result holds none of the target's differing rows")
+    mode = "oracle_kernels on" if state.get("oracle_kernels") else "default kernels"
+    print(f"{spec['op']} ({spec['localized'].get('module', '')}; {mode}, {state.get('threads')} threads): "
+          f"{len(differing)} of {compared} target rows differ, max {worst} ULP")
     return 0 if differing else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except CannotRun as e:
+        print(f"repro: could not run: {e}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # the op raised on its inputs, or the folder is damaged: never a traceback as a verdict
+        print(f"repro: could not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        sys.exit(2)
 '''

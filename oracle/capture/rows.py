@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from oracle.capture.copies import BLOCK_TABLE_ARGS, clone_inputs, named_args
+from oracle.capture.state import OpState
 from oracle.engines.contract import Completion
 
 # (module path, op label, occurrence of that op in that module within its pass)
@@ -119,6 +120,8 @@ class Snapshot:
     # Written arguments that held no value yet (fresh from an allocation, written by nothing since):
     # the op only writes them, whatever its schema's names say, so their old contents are not inputs.
     fresh_args: frozenset[str] = frozenset()
+    # The kernel mode, threads and flags it ran under (None: not recorded; a re-run keeps the current ones).
+    state: OpState | None = None
 
 
 @dataclass(frozen=True)
@@ -340,9 +343,11 @@ class RowCapture(TorchDispatchMode):
         if not producers:
             return out  # nothing of the target's went in
         if getattr(func, "is_view", False) and len(producers) == 1:
-            # A view holds the same values as its base: pass the base's identity on (to each of a split's parts).
+            # A view holds the same values as its base: pass the base's identity on (to each of a split's parts),
+            # row-aligned or not: in a one-token pass `cache.view(-1, H, D)[slots] = k` writes `k.view(H, D)`, whose
+            # rows are not the pass's tokens, and the KV write it feeds must still know where its values came from.
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and fits(t, layout):
+                if isinstance(t, torch.Tensor):
                     self._producer[t] = producers[0]
             return out
         self._record_results(module, name, occurrence, func, args, kwargs, out, written, producers)
@@ -377,20 +382,9 @@ class RowCapture(TorchDispatchMode):
         """Rows the op wrote into a cache at the target's slots (a row-aligned integer index argument)."""
         assert self._layout is not None
         grid = self._layout.grids[0]
-        if len(grid.shape) != 1:
+        rows = kv_rows(cache, args, kwargs, grid, self._layout.block_size)
+        if rows is None:
             return
-        slots = next((t for t in tree_flatten((args, kwargs))[0]
-                      if isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point()
-                      and t.dtype != torch.bool and t.shape[0] == grid.shape[0]), None)
-        if slots is None:
-            return
-        mine = select_rows(slots, grid)
-        if mine is None or not mine.numel():
-            return
-        flat = _slot_view(cache, int(mine.max().item()), self._layout.block_size)
-        if flat is None:
-            return
-        rows = flat.index_select(0, mine.to(flat.device).long())
         self._add(OpCall(len(self.calls), self._layout.forward_pass, key, grid.positions,
                          rows.detach().to("cpu", copy=True), tuple(cache.shape), producers, "kv_write",
                          len(self._within), self._within[-1] if self._within else "", 0))
@@ -432,7 +426,8 @@ class RowCapture(TorchDispatchMode):
             return
         fresh = frozenset(name for name, t in written_args(func, args, kwargs)
                           if t in self._fresh or (isinstance(t._base, torch.Tensor) and t._base in self._fresh))
-        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads(), fresh)
+        self.snapshot = Snapshot(func, c_args, c_kwargs, result, self._layout, torch.get_num_threads(), fresh,
+                                 OpState.now())
 
 
 def _same_call(want: tuple[int, OpKey], now: tuple[int, OpKey]) -> bool:
@@ -473,6 +468,31 @@ def _row_base(t: torch.Tensor, layout: PassLayout) -> torch.Tensor | None:
     """A slice written in place changes its row-aligned base: that base, or None."""
     base = t._base
     return base if isinstance(base, torch.Tensor) and fits(base, layout) else None
+
+
+def kv_slots(args: Any, kwargs: dict[str, Any], grid: Grid) -> torch.Tensor | None:
+    """The target's cache slots in a KV write: its rows of the call's row-aligned integer index argument."""
+    if len(grid.shape) != 1:
+        return None
+    slots = next((t for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point()
+                  and t.dtype != torch.bool and t.shape[0] == grid.shape[0]), None)
+    if slots is None:
+        return None
+    mine = select_rows(slots, grid)
+    return mine if mine is not None and mine.numel() else None
+
+
+def kv_rows(cache: torch.Tensor, args: Any, kwargs: dict[str, Any], grid: Grid,
+            block_size: int | None) -> torch.Tensor | None:
+    """The target's rows of `cache` as a KV write left them: `[n, ...]` at its own slots, or None."""
+    mine = kv_slots(args, kwargs, grid)
+    if mine is None:
+        return None
+    flat = _slot_view(cache, int(mine.max().item()), block_size)
+    if flat is None:
+        return None
+    return flat.index_select(0, mine.to(flat.device).long())
 
 
 def _slot_view(cache: torch.Tensor, max_slot: int, block_size: int | None) -> torch.Tensor | None:

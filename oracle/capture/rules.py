@@ -12,8 +12,10 @@ The named op is the first changed result, in execution order, that is a root and
   logits, logprobs, sampled token). A difference overwritten before it is read, or never read,
   is not a cause; it is listed in the note.
 
-When the KV cache itself differs as an op is about to read it (positions written earlier, or by
-another request through the prefix cache), the finding is the cache (`kv_state`), not the op.
+When the KV cache differs as an op is about to read it at positions another request wrote (a
+prefix-cache hit: positions the target never computed in the run), the finding is the cache
+(`kv_state`), not the op; positions the target wrote itself cannot differ there unless a write
+was missed, so that is `inconclusive`, never `kv_state`.
 When every captured result agrees but the outputs differ, the difference was made after the last
 captured op (`after_capture`, naming the last op that agreed). When changes exist but none is a
 root that matters, the answer is `inconclusive` with the narrowest bound, never a guess.
@@ -335,25 +337,45 @@ def _with_note(op: LocalizedOp, skipped: list[str]) -> LocalizedOp:
 
 
 def _kv_state(runs: _Runs, ch: _Change, eager: bool | None, still: bool) -> LocalizedOp:
-    """The KV cache differed as an op was about to read it: say which positions and who wrote them."""
+    """The KV cache differed as an op was about to read it: `kv_state` when the differing positions are ones the
+    target never computed in this run (another request's pass wrote them: a prefix-cache hit); else the target
+    wrote them itself, and the capture either saw those writes agree or did not see them: `inconclusive`."""
     call = ch.call
+    computed = {p for lay in runs.actual.passes if lay.forward_pass < call.forward_pass and lay.grids
+                for p in lay.grids[0].positions}
+    inherited = [p for p in ch.positions if p not in computed]
+    if inherited:
+        inherited_ch = _Change(call, inherited, [pr for p, pr in zip(ch.positions, ch.pairs, strict=True)
+                                                 if p in inherited])
+        note = (f"positions {_ranges(inherited)} were not computed by the target in this run (another request's "
+                "pass wrote them: a prefix-cache hit) and differ from what its solo run wrote")
+        return _located(runs, inherited_ch, None, eager, still, "kv_state", note)
     layer = _LAYER.search(call.key[0])
     written = {p for c in runs.actual.calls if c.kind == "kv_write" and c.forward_pass < call.forward_pass + 1
                and (m := _LAYER.search(c.key[0])) and layer and m.group(1) == layer.group(1) for p in c.positions}
-    inherited = [p for p in ch.positions if p not in written]
-    if inherited:
-        note = (f"positions {_ranges(inherited)} were not written by the target in this run (another request's "
-                "pass wrote them: a prefix-cache hit) and differ from what its solo run wrote")
-    else:
-        note = "the target wrote these positions itself with equal bits; the cache changed between write and read"
-    return _located(runs, ch, None, eager, still, "kv_state", note)
+    seen = [p for p in ch.positions if p in written]
+    unseen = [p for p in ch.positions if p not in written]
+    parts = []
+    if seen:
+        parts.append(f"the target wrote positions {_ranges(seen)} itself, and the captured writes agreed: the cache "
+                     "changed between write and read where the capture could not see")
+    if unseen:
+        parts.append(f"the target computed positions {_ranges(unseen)} in an earlier pass, but no write of them into "
+                     "this cache was captured: the op that wrote them is not known")
+    return _located(runs, ch, None, eager, still, "inconclusive", "the KV cache differed as it was read; "
+                    + "; ".join(parts))
 
 
 def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> LocalizedOp:
-    """Every captured op agreed but the outputs differ: name the last op that agreed where the step was made."""
+    """Every captured op agreed but the outputs differ: name the last op that agreed in the pass that made the
+    differing step (the pass that computed its position: for a logits change, that pass's lm_head)."""
     d = first_divergence(runs.expected.completion, runs.actual.completion)
     pos = (prompt_len + d.step - 1) if (d is not None and prompt_len is not None) else None
-    calls = [c for c in runs.actual.calls if pos is None or pos in c.positions] or list(runs.actual.calls)
+    made = next((lay.forward_pass for lay in runs.actual.passes
+                 if pos is not None and any(pos in g.positions for g in lay.grids)), None)
+    calls = [c for c in runs.actual.calls if c.kind in ("out", "write")
+             and (made is None or c.forward_pass == made) and (pos is None or pos in c.positions)]
+    calls = calls or list(runs.actual.calls)
     last = calls[-1] if calls else None
     if last is None:
         return LocalizedOp("", "", None, 0, None, (), (), None, None, None, eager=eager, still_diverged=True,

@@ -29,22 +29,40 @@ class PlantedFault(TorchDispatchMode):
     """Perturbs `op`'s outputs inside `module` when their leading (token) dimension exceeds `min_tokens`.
 
     `module_path()` names the module the model is in now (the native decoder's scope stack, or
-    hooks on a Hugging Face model).
+    hooks on a Hugging Face model). An in-place op that writes by index (`aten.index_put_`, a KV-cache
+    write) has its written values perturbed instead, on its first call in `module` per pass, when the
+    pass (counted from its token embedding) holds more than `min_tokens` tokens: in a one-token decode
+    pass beside others' prefills too.
     """
 
     def __init__(self, module_path: Callable[[], str], module: str, op: str, min_tokens: int, ulps: int) -> None:
         super().__init__()
         self.module_path, self.module, self.op, self.min_tokens, self.ulps = module_path, module, op, min_tokens, ulps
         self.hits = 0
+        self.pass_tokens = 0
+        self.calls_in_pass = 0
+
+    def _nudged(self, t: torch.Tensor) -> torch.Tensor:
+        up = torch.full_like(t, float("inf"))
+        for _ in range(self.ulps):
+            t = torch.nextafter(t, up)
+        return t
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if (str(func) == self.op and self.module_path() == self.module
-                and isinstance(out, torch.Tensor) and out.dim() > 0 and out.shape[0] > self.min_tokens):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.embedding.default:  # a new pass: its tokens
+            self.pass_tokens, self.calls_in_pass = int(args[1].numel()), 0
+        mine = str(func) == self.op and self.module_path() == self.module
+        if mine and func is torch.ops.aten.index_put_.default:
+            self.calls_in_pass += 1
+            if self.calls_in_pass == 1 and self.pass_tokens > self.min_tokens:
+                self.hits += 1
+                args = (args[0], args[1], self._nudged(args[2]), *args[3:])
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if mine and isinstance(out, torch.Tensor) and out.dim() > 0 and out.shape[0] > self.min_tokens:
             self.hits += 1
-            up = torch.full_like(out, float("inf"))
-            for _ in range(self.ulps):
-                out = torch.nextafter(out, up)
+            out = self._nudged(out)
         return out
 
 

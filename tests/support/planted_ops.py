@@ -10,7 +10,10 @@ pass holds more than `min_tokens` tokens: exact alone, off beside other requests
 - `norm_into`: the same through `planted::rms_norm_into(c, ...)`, whose written buffer is not named `out`;
 - `overwritten`: the norm of `module` is exact, but first a perturbed copy is written into the buffer
   by `planted::noisy_copy` and then overwritten whole by `copy_`: a difference nothing reads;
-- `kv_write`: the layer's keys written into the KV cache by `planted::kv_write`, perturbed.
+- `kv_write`: the layer's keys written into the KV cache by `planted::kv_write`, perturbed;
+- `norm_split`: the norm of `module` by `planted::rms_norm_split`, a kernel that splits each row's
+  reduction in two halves whenever it has two rows or more (as a kernel picks another split by M): its
+  bits follow its own input's shape, so run alone on the trial's input it moves again (input-keyed).
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ def kv_write(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, min
     cache[slots] = _nudge(values) if values.shape[0] > min_tokens else values
 
 
+@torch.library.custom_op("planted::rms_norm_split", mutates_args=())
+def rms_norm_split(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.float32)  # [M, hidden]
+    if xf.shape[0] >= 2:  # rows to spare: the sum of squares in two halves, added
+        h = xf.shape[-1] // 2
+        ms = (xf[:, :h].pow(2).sum(-1, keepdim=True) + xf[:, h:].pow(2).sum(-1, keepdim=True)) / xf.shape[-1]
+    else:
+        ms = xf.pow(2).mean(-1, keepdim=True)
+    return weight * (xf * torch.rsqrt(ms + eps)).to(x.dtype)
+
+
 class PlantedDecoder(Decoder):
     """The native decoder with one planted fault (see the module docstring)."""
 
@@ -60,8 +74,10 @@ class PlantedDecoder(Decoder):
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         here = self.scopes.path[-1] if self.scopes.path else ""
-        if here != self.module or self.fault not in ("norm_out", "norm_into", "overwritten"):
+        if here != self.module or self.fault not in ("norm_out", "norm_into", "overwritten", "norm_split"):
             return super()._rms_norm(x, weight)
+        if self.fault == "norm_split":
+            return rms_norm_split(x, weight, self.config.rms_norm_eps)
         out = torch.empty_like(x)
         if self.fault in ("norm_out", "norm_into"):
             write = rms_norm_out if self.fault == "norm_out" else rms_norm_into

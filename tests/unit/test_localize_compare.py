@@ -148,3 +148,35 @@ def test_vllm_rows_are_found_by_position_and_token() -> None:
     assert tokens.shape == (4,) and tokens.rows == ((1,), (2,), (3,)) and tokens.positions == (4, 5, 6)
     assert logits.shape == (2,) and logits.rows == ((1,),) and logits.positions == (6,)  # b's rows come second
     assert layout.evidence["num_prefill_tokens"] == 3 and layout.evidence["num_decode_tokens"] == 1
+
+
+def _kv(index: int, kind: str, positions: tuple[int, ...], rows: list[list[float]], forward_pass: int) -> OpCall:
+    key = ("model.layers.0.self_attn", "aten.index_put_.default" if kind == "kv_write" else "attn<kv:k_cache>", 0)
+    t = torch.tensor(rows, dtype=torch.float32)
+    return OpCall(index, forward_pass, key, positions, t, tuple(t.shape), (("", "input", 0),), kind)
+
+
+def _two_passes(prompt: tuple[int, ...]) -> tuple[PassLayout, ...]:
+    return (PassLayout(0, 0, (Grid((8,), tuple((i,) for i in range(len(prompt))), prompt),), {}),
+            PassLayout(1, 1, (Grid((4,), ((0,),), (len(prompt),)),), {}))
+
+
+def test_a_cache_the_target_wrote_itself_is_never_kv_state() -> None:
+    """Pass 0 writes positions 0-2 with equal bits; pass 1 reads position 1 back other: the cache moved where
+    the capture did not see (a lost write), not through another request: inconclusive, never kv_state."""
+    layouts = _two_passes((0, 1, 2))
+    rows = [[1.0], [2.0], [3.0]]
+    expected = Captured((_kv(0, "kv_write", (0, 1, 2), rows, 0), _kv(1, "kv_read", (0, 1, 2, 3), rows + [[4.0]], 1)),
+                        layouts, DONE)
+    moved = [[1.0], [2.5], [3.0], [4.0]]
+    actual = Captured((_kv(0, "kv_write", (0, 1, 2), rows, 0), _kv(1, "kv_read", (0, 1, 2, 3), moved, 1)),
+                      layouts, Completion("t", [2], [0.0]))
+    loc = localize_captured(expected, actual).op
+    assert loc is not None and loc.status == "inconclusive", loc
+    assert loc.positions == (1,) and "wrote positions 1 itself" in loc.note
+    # Positions it never computed (another request's blocks, a prefix-cache hit) are the cache's finding.
+    warm = (PassLayout(0, 0, (Grid((8,), ((0,),), (2,)),), {}), layouts[1])
+    expected = Captured((_kv(1, "kv_read", (0, 1, 2, 3), rows + [[4.0]], 1),), warm, DONE)
+    actual = Captured((_kv(1, "kv_read", (0, 1, 2, 3), moved, 1),), warm, Completion("t", [2], [0.0]))
+    loc = localize_captured(expected, actual).op
+    assert loc is not None and loc.status == "kv_state" and loc.positions == (1,) and "prefix-cache" in loc.note
