@@ -65,6 +65,7 @@ class ConsoleObserver(Observer):
         self.heartbeat_s = heartbeat_s
         self._every = 1
         self._last = 0.0
+        self._outer: list[tuple[str, int, int, int, TaskID]] = []  # phases a running phase interrupted
 
     def seed(self, seed: int) -> None:
         self.console.print(f"schedule seed: {seed} (replay this schedule with --seed {seed})")
@@ -73,10 +74,14 @@ class ConsoleObserver(Observer):
         self.console.print(terminal_text(message), style="yellow")
 
     def phase(self, name: str, total: int) -> None:
+        if self.name:  # a phase inside the one running (the search inside a mode): that one resumes after it
+            self._outer.append((self.name, self.total, self.count, self.divergences, self.task))
         self.name, self.total, self.count, self.divergences = name, total, 0, 0
         self._every = self.heartbeat_every or max(1, total // 10)
         self._last = time.monotonic()
-        if self.live:
+        if self.live and self.progress is not None:  # one live display at a time: a second bar in it
+            self.task = self.progress.add_task(f"{name:>10}", total=total, div=0)
+        elif self.live:
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("divergent: {task.fields[div]}"), TimeRemainingColumn(),
                                      console=self.console, transient=False)
@@ -99,10 +104,16 @@ class ConsoleObserver(Observer):
 
     def done(self) -> None:
         if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+            if not self._outer:
+                self.progress.stop()
+                self.progress = None
         else:
             self.console.print(f"{self.name}: done {self.count}/{self.total}")
+        if self._outer:  # back to the phase this one ran inside, its own count and total
+            self.name, self.total, self.count, self.divergences, self.task = self._outer.pop()
+            self._every = self.heartbeat_every or max(1, self.total // 10)
+        else:
+            self.name = ""
 
 
 _STYLE: dict[Tone, str] = {"blocking": "red", "notice": "yellow", "pass": "green", "skipped": "dim"}
