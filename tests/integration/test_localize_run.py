@@ -63,3 +63,34 @@ def test_localize_command_names_the_op(failing_report: Path, capsys: pytest.Capt
     assert main(["localize", str(failing_report), "--trial", str(divergence["trial_id"]), "--trust-report"]) == 1
     out = capsys.readouterr().out
     assert DOWN_PROJ in out and "aten.mm.default" in out
+
+
+def test_a_key_cache_write_fault_is_named_as_the_write_in_every_failing_trial(
+        tiny_qwen3: Path, tmp_path: Path) -> None:
+    """`localize: all` over a run whose fault is layer 0's key-cache write (`index_put_`) in every pass above 24
+    tokens: prefills and one-token decodes beside others alike. Every failing trial names the write."""
+    config: dict[str, Any] = {
+        "model": str(tiny_qwen3),
+        "engine": {"kind": "planted:PlantedEngine",
+                   "options": {"fault_module": "model.layers.0.self_attn", "fault_op": "aten.index_put_.default",
+                               "min_tokens": 20, "num_threads": 1, "max_num_batched_tokens": 256}},
+        "prompts": {"random": {"count": 2, "min_len": 8, "max_len": 16, "seed": 0}},
+        "sampling": {"max_tokens": 6, "logits": "full"},
+        "schedule": {"trials": 10, "seed": 3, "batch_size": [2, 4], "filler_len": [16, 40],
+                     "filler_max_tokens": [1, 4], "arrival_step": [0, 3], "repeat_trials": 0, "shrink": False},
+        "checks": {"invariance": {"requirement": "required", "localize": "all"}, "fidelity": "off", "drift": "off",
+                   "negative_control": "off", "prefill_decode": "off", "prefix_cache": "off"},
+    }
+    path = tmp_path / "kv.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(path), "--report-dir", str(tmp_path / "report")]) == 1
+    divergences = invariance_divergences(tmp_path / "report" / "report.json")
+    assert divergences
+    decodes = 0
+    for d in divergences:
+        loc = d["localized_op"]
+        assert loc is not None, d["trial_id"]
+        assert (loc["module"], loc["op"], loc["kind"], loc["status"]) == (
+            "model.layers.0.self_attn", "aten.index_put_.default", "kv_write", "localized"), (d["trial_id"], loc)
+        decodes += not loc["pass_evidence"]["target_is_prefill"]
+    assert decodes, "no failing trial put the fault in a one-token decode pass"
