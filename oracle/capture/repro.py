@@ -2,10 +2,16 @@
 
 Holds the named op's inputs from both calls (`expected.safetensors`: the target alone;
 `actual.safetensors`: the failing trial), `op.json` (the op, every non-tensor argument, where the
-target's rows are, devices, the localized op) and `repro.py`, which needs only torch and the
-engine's package: it loads both sets, runs the op on each and prints the ULP difference of the
-target's rows. Tensors are written in the safetensors format with their strides in `op.json`, so
-the op sees the same shapes, dtypes and strides it saw in the engine.
+target's rows are (for a KV-cache write: its own slots), devices, the state the op ran in inside the
+engine (`oracle.capture.state`: oracle_kernels on or off, threads, matmul flags, kernel-selecting
+environment variables), the localized op) and `repro.py`, which needs only torch and the engine's
+package: it puts that state back, loads both sets, runs the op on each and prints the ULP difference
+of the target's rows. Exit 0: they differ (the difference reproduces); 1: they agree; 2: it could
+not run (one line says why). Tensors are written in the safetensors format with their strides in
+`op.json`, so the op sees the same shapes, dtypes and strides it saw in the engine. An opaque handle
+among the arguments is rebuilt by its recipe (`oracle.capture.handles`) from tensors the repro
+carries, after checking here that the rebuilt one gives the op's bits; an argument nothing can
+rebuild makes the folder say `standalone: false` and why, and repro.py exit 2 saying so.
 """
 
 from __future__ import annotations

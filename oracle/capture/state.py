@@ -73,18 +73,19 @@ def applied(state: OpState) -> Iterator[None]:
     threads = torch.get_num_threads()
     precision = torch.get_float32_matmul_precision()
     deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     with contextlib.ExitStack() as stack:
         if state.oracle_kernels != _oracle_kernels_on():
             stack.enter_context(_kernels(state.oracle_kernels))
         torch.set_num_threads(state.threads)
         torch.set_float32_matmul_precision(state.float32_matmul_precision)
-        torch.use_deterministic_algorithms(state.deterministic_algorithms)
+        torch.use_deterministic_algorithms(state.deterministic_algorithms, warn_only=warn_only)
         try:
             yield
         finally:
             torch.set_num_threads(threads)
             torch.set_float32_matmul_precision(precision)
-            torch.use_deterministic_algorithms(deterministic)
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 @contextlib.contextmanager
