@@ -94,3 +94,19 @@ def test_a_key_cache_write_fault_is_named_as_the_write_in_every_failing_trial(
             "model.layers.0.self_attn", "aten.index_put_.default", "kv_write", "localized"), (d["trial_id"], loc)
         decodes += not loc["pass_evidence"]["target_is_prefill"]
     assert decodes, "no failing trial put the fault in a one-token decode pass"
+
+
+def test_the_runs_repro_exits_as_its_confirmation_says(failing_report: Path) -> None:
+    """The planted fault lives in the pass (a dispatch layer), not in aten.mm: confirmation says
+    `not reproduced alone`, and the report folder's repro.py, run as a kernel engineer would, exits 1."""
+    import subprocess
+    import sys
+
+    localized = [d["localized_op"] for d in invariance_divergences(failing_report) if d.get("localized_op")]
+    with_repro = [loc for loc in localized if loc.get("repro")]
+    assert with_repro, localized
+    loc = with_repro[0]
+    assert loc["confirmation"] == "not reproduced alone", loc["confirm_note"]
+    done = subprocess.run([sys.executable, str(Path(loc["repro"]) / "repro.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, (done.stdout, done.stderr)
