@@ -335,6 +335,18 @@ def ordered(t, torch):
     return torch.where(bits < 0, -(bits + top), bits)
 
 
+def vllm_batch_invariant():
+    # vLLM's own batch-invariant mode, as its GPU worker turns it on at start (its overrides are process-wide).
+    for name in ("vllm.model_executor.determinism.batch_invariant", "vllm.model_executor.layers.batch_invariant"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        module.init_batch_invariance()
+        return
+    raise CannotRun("the op ran under vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1), which this vLLM cannot turn on")
+
+
 @contextlib.contextmanager
 def engine_state(state, torch):
     # The kernel mode the op ran under in the engine: oracle_kernels' overrides on or off.
@@ -344,6 +356,8 @@ def engine_state(state, torch):
         torch.set_float32_matmul_precision(state["float32_matmul_precision"])
     if state.get("deterministic_algorithms"):
         torch.use_deterministic_algorithms(True)
+    if (state.get("env") or {}).get("VLLM_BATCH_INVARIANT", "0").lower() in ("1", "true"):
+        vllm_batch_invariant()
     if state.get("oracle_kernels"):
         try:
             import oracle_kernels

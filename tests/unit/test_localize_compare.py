@@ -180,3 +180,23 @@ def test_a_cache_the_target_wrote_itself_is_never_kv_state() -> None:
     actual = Captured((_kv(1, "kv_read", (0, 1, 2, 3), moved, 1),), warm, Completion("t", [2], [0.0]))
     loc = localize_captured(expected, actual).op
     assert loc is not None and loc.status == "kv_state" and loc.positions == (1,) and "prefix-cache" in loc.note
+
+
+def test_the_state_an_op_ran_in_is_put_back_for_its_rerun_and_restored() -> None:
+    from dataclasses import replace
+
+    import oracle_kernels
+
+    from oracle.capture.state import OpState, applied
+
+    state = OpState(oracle_kernels=True, threads=1, float32_matmul_precision="highest",
+                    deterministic_algorithms=False)
+    before = (oracle_kernels.is_enabled(), torch.get_num_threads())
+    with applied(state):
+        assert oracle_kernels.is_enabled() and torch.get_num_threads() == 1
+    assert (oracle_kernels.is_enabled(), torch.get_num_threads()) == before
+    with oracle_kernels.batch_invariant():  # an engine in invariant mode: a production op is re-run without them
+        with applied(replace(state, oracle_kernels=False)):
+            assert not oracle_kernels.is_enabled()
+        assert oracle_kernels.is_enabled()
+    assert OpState.from_json(state.to_json()) == state
