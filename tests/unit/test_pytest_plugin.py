@@ -551,9 +551,11 @@ def _write_word_tokenizer(model: Path) -> None:
 
 
 def test_docs_pytest_snippet_works_as_pasted(inner: pytest.Pytester, fake_model: Path) -> None:
-    """docs/usage.md's pytest snippet, over the fake engine (given a word tokenizer) as the base config."""
+    """The README's pytest snippet (docs/pytest.md shows the same), over the fake engine (given a word
+    tokenizer) as the base config."""
     section = DOCS.read_text().split("\n## pytest\n")[1].split("\n## ")[0]
     code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert code in (DOCS.parent / "docs" / "pytest.md").read_text()
     assert "oracle.assert_batch_invariant" in code and "@pytest.mark.oracle(" in code
     _write_word_tokenizer(fake_model)
     cfg = fake_config(fake_model)
