@@ -181,6 +181,9 @@ def _run(args: argparse.Namespace) -> int:
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
+        from oracle.device import check_device
+
+        check_device(config.engine)  # so is a CUDA device this torch cannot give
     except (OracleError, KeyboardInterrupt) as e:
         # An earlier run's report in the folder this run would write must not outlive this failure.
         replace_stale_report(args.config, args.report_dir, e)

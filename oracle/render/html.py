@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oracle.render.escape import terminal_text
-from oracle.render.findings import golden_lines, localized_cells, ulp_text
+from oracle.render.findings import golden_lines, localized_cells, replay_lines, ulp_text
 from oracle.render.verdict import headline, is_warning, minimal_first, shown_verdict, tone, verdict_label
 from oracle.report import CheckResult, DivergenceRecord, Report
 
@@ -177,7 +177,8 @@ def _verdict_cell(c: CheckResult) -> str:
     return f'<td class="{e(cls)}">{e(verdict_label(c))}</td>'
 
 
-def render_html(report: Report) -> str:
+def render_html(report: Report, report_path: str = "report.json") -> str:
+    """`report_path`: where report.json is, for the replay commands."""
     rows = "".join(
         f"<tr><td>{e(c.name)}</td><td>{e(c.requirement)}</td>{_verdict_cell(c)}"
         f"<td>{c.trials}</td><td>{c.divergent}</td><td>{e(c.message)}</td></tr>" for c in report.checks)
@@ -200,6 +201,9 @@ def render_html(report: Report) -> str:
         f"<td>{'' if d.reference_margin is None else f'{d.reference_margin:.3g}'}</td>"
         f"<td>{e(d.evidence.get('num_seqs', ''))}</td>{loc(d)}</tr>" for d in divs[:200])
     more = f"<p>... and {len(divs) - 200} more in report.json</p>" if len(divs) > 200 else ""
+    replays = "".join(f"<li>{e(check)}: <code>{e(command)}</code></li>" for check, command in
+                      replay_lines(report, report_path))
+    more += f'<h3>Replay</h3><ul class="replay">{replays}</ul>' if replays else ""
     env = report.environment
     env_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in env.items() if k != "target_names")
     err = f'<p class="error">engine error: {e(report.error)}</p>' if report.error else ""
