@@ -1,6 +1,6 @@
 """Findings every format shows in words: the first diverging operator of a divergence, what a golden
-check found changed, a divergence's ULP distance and the command that replays it. A golden check's evidence is open JSON (read
-defensively: each line shows up once its data exists)."""
+check found changed, a divergence's ULP distance and the command that replays it. A golden check's
+evidence is open JSON (read defensively: each line shows up once its data exists)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from oracle.report import CheckResult, DivergenceRecord, Report
 LOCALIZED_FIELDS = ("module", "op", "layer", "forward_pass", "engine_step", "ulp", "max_abs_diff", "eager",
                     "still_diverged")
 TOKEN_CHANGED = "token changed"
+LOGITS_ONLY = "logits differ"  # same token, logprob bitwise equal (a ULP distance of 0 would read as "no difference")
 
 
 def localized_line(d: DivergenceRecord) -> str | None:
@@ -95,6 +96,8 @@ def ulp_text(d: DivergenceRecord) -> str:
     token says so (an older report may still hold a ULP computed across two tokens: not shown)."""
     if d.kind == "token":
         return TOKEN_CHANGED
+    if d.kind == "logits":
+        return LOGITS_ONLY
     return "" if d.ulp is None else str(d.ulp)
 
 
