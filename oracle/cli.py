@@ -184,6 +184,11 @@ def _run(args: argparse.Namespace) -> int:
         from oracle.device import check_device
 
         check_device(config.engine)  # so is a CUDA device this torch cannot give
+        if args.shard is not None and args.seed is None and config.schedule.seed is None:
+            # Each shard draws the whole schedule from the seed and keeps its slice: a seed drawn per process
+            # would slice a different schedule in every shard.
+            raise ConfigError("--shard: give every shard the same --seed S (or set schedule.seed in the config); "
+                              "without one each shard would draw its own schedule")
     except (OracleError, KeyboardInterrupt) as e:
         # An earlier run's report in the folder this run would write must not outlive this failure.
         replace_stale_report(args.config, args.report_dir, e)
