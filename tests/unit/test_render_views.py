@@ -298,3 +298,15 @@ def test_coverage_counts_numbers_by_value_and_one_sequence_in_the_singular(fake_
         if coverage[kv[i]] == coverage[kv[i + 1]]:  # equal counts: by the number's value, 64 before 512
             assert bounds[i] < bounds[i + 1], kv
     assert len(kv) >= 4
+
+
+def test_html_environment_shows_engines_and_posture_as_tables_not_reprs() -> None:
+    from oracle.render.html import render_html
+
+    r = hand_report()
+    r.environment["engines"] = {"invariant": {"engine": "native", "kernels": ["mm", "bmm"], "threads": 1},
+                                "production": {"engine": "native", "note": None}}
+    page = render_html(r)
+    env = page[page.index("<h2>Environment</h2>"):]
+    assert "{'" not in env and "{&#x27;" not in env and "[&#x27;" not in env  # no Python dict or list repr
+    assert "<th>invariant</th>" in env and "<th>kernels</th><td>mm, bmm</td>" in env
