@@ -152,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     pick = ci.add_mutually_exclusive_group()
     pick.add_argument("--engine", choices=["native", "vllm", "openai", "transformers"], default=None,
                       help="the engine's example (default: native, a tiny model on the CPU)")
-    pick.add_argument("--example", default=None, help="a shipped example by name (tiny, gpu, server, vllm-gpu, ...)")
+    pick.add_argument("--example", default=None, help="a shipped example by name (tiny, gpu, server, vllm-gpu, ...; "
+                                                       "custom-engine writes a custom engine's module beside its config)")
     ci.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     return p
 
@@ -180,6 +181,14 @@ def _run(args: argparse.Namespace) -> int:
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
+        from oracle.device import check_device
+
+        check_device(config.engine)  # so is a CUDA device this torch cannot give
+        if args.shard is not None and args.seed is None and config.schedule.seed is None:
+            # Each shard draws the whole schedule from the seed and keeps its slice: a seed drawn per process
+            # would slice a different schedule in every shard.
+            raise ConfigError("--shard: give every shard the same --seed S (or set schedule.seed in the config); "
+                              "without one each shard would draw its own schedule")
     except (OracleError, KeyboardInterrupt) as e:
         # An earlier run's report in the folder this run would write must not outlive this failure.
         replace_stale_report(args.config, args.report_dir, e)
@@ -315,11 +324,14 @@ def _model(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     if args.config_command == "init":
-        from oracle.example_configs import DEFAULT_PATH, write_example
+        from oracle.example_configs import FILE_EXAMPLES, default_path, write_example
 
-        path = args.path or DEFAULT_PATH
+        path = args.path or default_path(args.example)
         name = write_example(path, engine=args.engine, name=args.example, force=args.force)
-        print(f"wrote the {name} example to {path}; run it with: oracle run {path}")
+        beside = FILE_EXAMPLES[name].beside if name in FILE_EXAMPLES else ()
+        also = f" (and {', '.join(str(path.parent / f) for f in beside)})" if beside else ""
+        run = f"; run it with: oracle run {path}" if name not in FILE_EXAMPLES or FILE_EXAMPLES[name].is_config else ""
+        print(f"wrote the {name} example to {path}{also}{run}")
         return 0
     if args.config_command == "reference":
         from oracle.render.config_reference import render_reference

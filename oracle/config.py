@@ -491,6 +491,7 @@ class Config(_Strict):
     # Where the config came from (file name and text), for errors found after loading: `error()`.
     _source: str = PrivateAttr("<config>")
     _text: str | None = PrivateAttr(None)
+    _flags: dict[str, str] = PrivateAttr(default_factory=dict)  # dotted field -> the flag that set it
 
     @model_validator(mode="before")
     @classmethod
@@ -515,7 +516,13 @@ class Config(_Strict):
         return {**data, "checks": {**(checks or {}), "fidelity": {**defaults, **fidelity}}}
 
     def error(self, loc: tuple[str | int, ...], message: str) -> ConfigError:
-        """A ConfigError `file:line: field: message` for a problem found after validation."""
+        """A ConfigError `file:line: field: message` for a problem found after validation; `FLAG: field:
+        message` where a command-line flag set the field or a field the message names (a conflict)."""
+        field = ".".join(str(x) for x in loc)
+        blamed = [f for dotted, f in self._flags.items()
+                  if field == dotted or field.startswith(dotted + ".") or re.search(rf"\b{re.escape(dotted)}\b", message)]
+        if blamed:
+            return ConfigError(f"{', '.join(blamed)}: {field}: {message}")
         line = _line_of(self._text, loc) if self._text else None
         where = f"{self._source}:{line}" if line else self._source
         return ConfigError(f"{where}: {'.'.join(str(x) for x in loc)}: {message}")
@@ -684,7 +691,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
         line = _line_of(text, err["loc"]) if text else None
         where = f"{source}:{line}" if line else source
         raise ConfigError(f"{where}: {field}: {msg}{more}") from e
-    config._source, config._text = source, text
+    config._source, config._text, config._flags = source, text, dict(flags or {})
     _cross_check(config)
     return config
 

@@ -7,6 +7,7 @@ checkout they are the repository's `configs/` folder beside the package.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from oracle.errors import ConfigError
@@ -14,6 +15,24 @@ from oracle.errors import ConfigError
 # The example `oracle config init --engine KIND` writes for each built-in engine.
 BY_ENGINE = {"native": "tiny", "vllm": "vllm-cpu", "openai": "server", "transformers": "transformers"}
 DEFAULT_PATH = Path("oracle.yaml")  # named oracle*.yaml, so pytest also collects it as a test
+
+
+@dataclass(frozen=True)
+class FileExample:
+    """An example of `examples/` (installed as `oracle/examples/`): `main` is written to the PATH given
+    (`default` when none is), each of `beside` under its own name in PATH's folder, where the config
+    finds it (a custom engine's module is imported from the config file's folder)."""
+
+    main: str
+    beside: tuple[str, ...] = ()
+    default: Path = DEFAULT_PATH
+    is_config: bool = True
+
+
+FILE_EXAMPLES = {
+    "custom-engine": FileExample("custom_engine.yaml", ("custom_engine.py",)),
+    "sharded-workflow": FileExample("oracle-sharded.yml", default=Path("oracle-sharded.yml"), is_config=False),
+}
 
 
 def example_dir() -> Path:
@@ -26,6 +45,16 @@ def example_dir() -> Path:
                       "reinstall oracle-determinism")
 
 
+def files_dir() -> Path:
+    """The folder of `examples/`: inside the installed package, else the checkout's `examples/`."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "examples", package.parent / "examples"):
+        if all((folder / f.main).is_file() for f in FILE_EXAMPLES.values()):
+            return folder
+    raise ConfigError(f"the examples are missing from this install (looked in {package / 'examples'}); "
+                      "reinstall oracle-determinism")
+
+
 def example_names() -> list[str]:
     """The shipped configs by name (file stem): tiny, server, vllm-cpu, ..."""
     return sorted(p.stem for p in example_dir().glob("*.yaml"))
@@ -33,25 +62,40 @@ def example_names() -> list[str]:
 
 def example_text(name: str) -> str:
     """The text of the shipped config `name` (ConfigError naming the choices for an unknown one)."""
+    if name in FILE_EXAMPLES:
+        return (files_dir() / FILE_EXAMPLES[name].main).read_text(encoding="utf-8")
     path = example_dir() / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"--example: no example config {name!r}; one of {', '.join(example_names())}")
+        choices = ", ".join([*example_names(), *FILE_EXAMPLES])
+        raise ConfigError(f"--example: no example {name!r}; one of {choices}")
     return path.read_text(encoding="utf-8")
 
 
+def default_path(name: str | None) -> Path:
+    """Where `oracle config init --example NAME` writes when no PATH is given."""
+    return FILE_EXAMPLES[name].default if name in FILE_EXAMPLES else DEFAULT_PATH
+
+
 def write_example(path: Path, *, engine: str | None = None, name: str | None = None, force: bool = False) -> str:
-    """Write the example for `engine` (or the example `name`; default: the native engine's) to `path`;
-    refuses to overwrite a file unless `force`. Returns the example's name."""
+    """Write the example for `engine` (or the example `name`; default: the native engine's) to `path`, and
+    the files a file example needs beside it; refuses to overwrite any file unless `force`. Returns the
+    example's name."""
     chosen = name or BY_ENGINE[engine or "native"]
     text = example_text(chosen)
+    extra = FILE_EXAMPLES.get(chosen, FileExample(""))
     if path.is_dir():
-        raise ConfigError(f"{path}: is a folder; give the config file to write")
-    if path.exists() and not force:
-        raise ConfigError(f"{path}: already exists; pass --force to overwrite it")
-    header = f"# Written by `oracle config init` from the example {chosen}.yaml; `oracle run {path}` runs it.\n"
+        raise ConfigError(f"{path}: is a folder; give the file to write")
+    targets = {path: text, **{path.parent / f: (files_dir() / f).read_text(encoding="utf-8") for f in extra.beside}}
+    for target in targets:
+        if target.exists() and not force:
+            raise ConfigError(f"{target}: already exists; pass --force to overwrite it")
+    if extra.is_config:
+        targets[path] = (f"# Written by `oracle config init` from the example {chosen}; `oracle run {path}` "
+                         "runs it.\n" + text)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + text, encoding="utf-8")
+        for target, content in targets.items():
+            target.write_text(content, encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot write the config ({e.strerror or e})") from e
+        raise ConfigError(f"{path}: cannot write the example ({e.strerror or e})") from e
     return chosen

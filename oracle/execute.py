@@ -375,7 +375,9 @@ class ModeExecution:
             return
         assert self.engine is not None
         if not self.localizer.can_localize(self.engine):
-            note = f"localize: the {self.describe.get('engine', 'engine')} engine's ops cannot be captured"
+            from oracle.localize import CAPTURE_HOW
+
+            note = f"localize: the {self.describe.get('engine', 'engine')} engine {CAPTURE_HOW}"
             if note not in self.localize_notes:
                 self.localize_notes.append(note)
             return

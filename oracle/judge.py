@@ -10,6 +10,7 @@ invariant solo against production solo within the config's tolerances.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -639,7 +640,8 @@ def coverage(runs: Runs) -> dict[str, int]:
         shared: list[StepEvidence] = [e for e in c.evidence if e.num_seqs >= 2]
         if shared:
             hits.add("target shared a pass")
-            hits.add(f"shared with {_bucket(max(e.num_seqs for e in shared) - 1, (1, 3, 7, 15, 63, 255))} sequences")
+            others = _bucket(max(e.num_seqs for e in shared) - 1, (1, 3, 7, 15, 63, 255))
+            hits.add(f"shared with {others} {'sequence' if others == '1' else 'sequences'}")
             hits.add(f"packed query length {_bucket(max(e.num_tokens for e in shared), (16, 64, 256, 1024))}")
         if t.batch_size > 1:
             hits.add({0: "target first in batch", t.batch_size - 1: "target last in batch"}.get(
@@ -662,4 +664,6 @@ def coverage(runs: Runs) -> dict[str, int]:
             if any((e.kv_len or 0) > b for e in shared):
                 hits.add(f"target KV length > {b} in a shared pass")
         out.update(hits)
-    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+    # Most hit first; equal counts by name, numbers by value ("> 64" before "> 512").
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], [int(p) if p.isdigit() else p
+                                                             for p in re.split(r"(\d+)", kv[0])])))

@@ -21,9 +21,15 @@ from oracle.engines.contract import (
     RunSpec,
     capabilities,
 )
-from oracle.errors import EngineError
+from oracle.errors import ConfigError, EngineError
 
 __all__ = ["LocalizedOp", "RunSpec", "can_localize", "localize_from_report", "localize_runs", "localize_trial"]
+
+
+# What a custom engine adds so that oracle can name the op where a divergence starts (docs/engines.md).
+CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
+               "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
+               "from oracle.engines.contract; the native, transformers and vllm engines have one")
 
 
 def can_localize(engine: object) -> bool:
@@ -65,8 +71,8 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     """`oracle localize REPORT.json --trial ID`: rebuild the trial from the report and localize it.
 
     Writes the one-op repro to `repro_dir` when given. Runs on a fresh engine in the mode the report's divergence for that trial was found in
-    (invariant when the report holds none); ConfigError when the trial is not in the report,
-    EngineError when the engine cannot be captured. Under the watchdog as `oracle run` is: the
+    (invariant when the report holds none); ConfigError when the trial is not in the report, and when
+    the engine declares no capture capability (saying how to add one). Under the watchdog as `oracle run` is: the
     engine's start, the captured runs and close each have their deadline (oracle.lifecycle.watchdog), so a
     hang is an EngineError (exit 3) naming the phase.
     """
@@ -85,9 +91,8 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
                 vocab_size_of(model_dir))
     engine = start_engine(config.engine, model_dir, mode)
     try:
-        if not can_localize(engine):
-            raise EngineError(f"localize: engine {config.engine.kind} cannot be captured (native, transformers "
-                              "and vLLM engines can)")
+        if not can_localize(engine):  # a capability the engine does not declare: not an engine failure
+            raise ConfigError(f"localize: engine {config.engine.kind} {CAPTURE_HOW}")
         requests, at = trial_requests(plan, trial)
         solo = [solo_request(plan, trial.target)]
         return engine.guarded(lambda inner: localize_trial(inner, solo, requests, at, trial.max_num_batched_tokens,

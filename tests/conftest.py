@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +28,31 @@ def pytest_configure(config: pytest.Config) -> None:
 sys.path.insert(0, str(SUPPORT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# A user's run leaves `oracle-report/` in the working directory (the README's first command does, in the
+# repository root); the suite run next in the same tree must neither read nor replace it. Every test is
+# checked: the folder (in the working directory and in the repository root) is the same after the test as
+# before, by its files' names, sizes and modification times.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...] | None:
+    if not folder.exists():
+        return None
+    return tuple(sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
+                        for f in folder.rglob("*") if f.is_file()))
+
+
+@pytest.fixture(autouse=True)
+def _the_users_report_is_untouched() -> Any:
+    folders = {Path.cwd().resolve() / "oracle-report", ROOT / "oracle-report"}
+    before = {folder: _fingerprint(folder) for folder in folders}
+    yield
+    for folder, was in before.items():
+        now = _fingerprint(folder)
+        assert now == was, (f"this test (or one running beside it under xdist) wrote {folder}: a test writes only "
+                            "under its tmp_path (pass --report-dir, or chdir to tmp_path)")
 
 
 @pytest.fixture(scope="session")

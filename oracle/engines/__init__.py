@@ -66,7 +66,10 @@ def check_engine_packages(cfg: EngineConfig) -> None:
 def check_engine_config(cfg: EngineConfig) -> None:
     """Fail fast, before any model is made: the kind exists, its packages are installed and every import
     resolves."""
+    from oracle.device import check_device
+
     check_engine_packages(cfg)
+    check_device(cfg)
     for i, module in enumerate(cfg.preload):
         _import(module, f"engine.preload.{i}", cfg)
     if ":" in cfg.kind:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from oracle.errors import ModelError
@@ -54,6 +55,8 @@ def ensure_model(preset: str | ModelPreset, cache_dir: Path | None = None, seed:
     target = cached_model_dir(resolved, cache_dir, seed)
     if _is_current(target, resolved, seed):
         return target
+    # Said, so a first run's pause (and a new folder in the cache) is never a surprise.
+    print(f"oracle: making the {resolved.name} model (seed {seed}) on first use, into {target}", file=sys.stderr)
     staging = make_staging_dir(target)
     try:
         write_checkpoint(resolved, staging, seed)

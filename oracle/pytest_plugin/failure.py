@@ -6,6 +6,7 @@ shown first are oracle.render.verdict's rules, as in every other format.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
         f"first divergence: check {d.check} ({d.mode} mode), target {d.target}, trial {d.trial_id}, "
         f"request {d.request_id}",
         f"  step {d.step} ({d.kind}): expected token {d.expected_token}, actual token {d.actual_token}",
-        f"  logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, ULP distance {ulp_text(d) or None}",
+        f"  logprob {d.expected_logprob!r} -> {d.actual_logprob!r}, " + (
+            "bitwise equal; the logits row differs" if d.kind == "logits" else f"ULP distance {ulp_text(d) or None}"),
         f"  top-2 margin {_fmt(d.reference_margin)}{near}, max |logit diff| {_fmt(d.max_abs_logits_diff)}",
     ]
     if "num_seqs" in d.evidence:
@@ -33,7 +35,7 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
     if d.localized_op is not None:
         lines.append(f"  first diverging op: {d.localized_op.describe()}")
     if d.trial_id is not None:
-        lines.append(f"replay: {replay_command(report_path, d.trial_id, config)}")
+        lines.append(f"replay: {replay_command(shlex.quote(str(report_path)), d.trial_id, config)}")
     return lines
 
 

@@ -10,9 +10,10 @@ detail column moves below the table, and cut rows are counted ("N more").
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -23,7 +24,7 @@ from rich.table import Table
 from oracle.observer import Observer
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
-from oracle.render.findings import golden_lines, localized_line, ulp_text
+from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
 from oracle.render.verdict import Tone, headline, minimal_first, shown_verdict, tone
 from oracle.report import CheckResult, DivergenceRecord, Report
@@ -141,6 +142,7 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
         rows = minimal_first(d for d in report.divergences if d.check in checks)
         if rows:
             _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
+            _replay_lines(console, report, report_path, checks, rows)
     _footer(console, report, report_path)
 
 
@@ -180,11 +182,20 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
 
 
 def replay_of(report: Report, report_path: str) -> Callable[[int], str]:
-    """trial id -> the replay command for this report's real path (with --trust-report where its config
-    loads code)."""
+    """trial id -> the replay command for this report's real path, quoted for a shell (with --trust-report
+    where its config loads code)."""
     from oracle.trust import replay_command
 
-    return lambda trial_id: replay_command(report_path, trial_id, report.config)
+    return lambda trial_id: replay_command(shlex.quote(report_path), trial_id, report.config)
+
+
+def _replay_lines(console: Console, report: Report, report_path: str, checks: Sequence[str],
+                  rows: list[DivergenceRecord]) -> None:
+    """Each check's replay command (as every view gives it), where the shrunk trial's line did not already."""
+    shrunk = {d.check for d in rows if d.shrunk and d.trial_id is not None}
+    for check, command in replay_lines(report, report_path, checks):
+        if check not in shrunk:
+            console.print(f"{check}: replay: {terminal_text(command)}")
 
 
 def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord], max_rows: int, narrow: bool,

@@ -7,7 +7,6 @@ configs this process read, Authorization headers, `--api-key VALUE`, token-shape
 
 from __future__ import annotations
 
-import html
 import re
 
 from oracle.redaction import scrub_text
@@ -44,6 +43,9 @@ def terminal_text(s: object, newlines: bool = False) -> str:
 
 
 def markdown_text(s: object) -> str:
-    """`s` for a Markdown table cell or line: no HTML, no code spans, no cell breaks, no control bytes."""
-    text = html.escape(terminal_text(s), quote=False)
-    return text.replace("\\", "\\\\").replace("`", "\\`").replace("|", "\\|")
+    """`s` for a Markdown table cell or line: no HTML, no code spans, no cell breaks, no control bytes. `<` and
+    `&` are written as entities (no tag or entity of the text's own can start); `>` stays as typed (it opens
+    nothing inside a line), so the source reads `KV length > 64`, escaped only where it would open a quote."""
+    text = terminal_text(s).replace("&", "&amp;").replace("<", "&lt;")
+    text = text.replace("\\", "\\\\").replace("`", "\\`").replace("|", "\\|")
+    return "\\" + text if text.startswith(">") else text

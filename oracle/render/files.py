@@ -84,8 +84,8 @@ def render_formats(report: Report, report_path: str = "report.json") -> dict[str
     """The text of junit.xml, summary.md and report.html, marked partial when the report is; of the
     report's public copy (secrets redacted, see `Report.public`). `report_path`: for replay commands."""
     report = report.public()
-    texts = {"junit": render_junit(report), "markdown": render_markdown(report, report_path=report_path),
-             "html": render_html(report)}
+    texts = {"junit": render_junit(report, report_path), "markdown": render_markdown(report, report_path=report_path),
+             "html": render_html(report, report_path)}
     if report.partial:
         texts = {"junit": _mark_junit(texts["junit"], report), "markdown": _mark_markdown(texts["markdown"], report),
                  "html": _mark_html(texts["html"], report)}

@@ -1,16 +1,19 @@
 """Findings every format shows in words: the first diverging operator of a divergence, what a golden
-check found changed, and a divergence's ULP distance. A golden check's evidence is open JSON (read
-defensively: each line shows up once its data exists)."""
+check found changed, a divergence's ULP distance and the command that replays it. A golden check's
+evidence is open JSON (read defensively: each line shows up once its data exists)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+from collections.abc import Iterable, Mapping
 
-from oracle.report import CheckResult, DivergenceRecord
+from oracle.render.verdict import minimal_first
+from oracle.report import CheckResult, DivergenceRecord, Report
 
 LOCALIZED_FIELDS = ("module", "op", "layer", "forward_pass", "engine_step", "ulp", "max_abs_diff", "eager",
                     "still_diverged")
 TOKEN_CHANGED = "token changed"
+LOGITS_ONLY = "logits differ"  # same token, logprob bitwise equal (a ULP distance of 0 would read as "no difference")
 
 
 def localized_line(d: DivergenceRecord) -> str | None:
@@ -93,4 +96,30 @@ def ulp_text(d: DivergenceRecord) -> str:
     token says so (an older report may still hold a ULP computed across two tokens: not shown)."""
     if d.kind == "token":
         return TOKEN_CHANGED
+    if d.kind == "logits":
+        return LOGITS_ONLY
     return "" if d.ulp is None else str(d.ulp)
+
+
+def replay_line(report: Report, report_path: str, d: DivergenceRecord) -> str | None:
+    """The command that reruns `d`'s trial of this report as the run did, ready to paste into a shell: the
+    path quoted, `--trust-report` where the config loads code (oracle.trust). None for a divergence that is
+    not a trial's (a re-prefill or warm-cache comparison)."""
+    if d.trial_id is None:
+        return None
+    from oracle.trust import replay_command
+
+    return replay_command(shlex.quote(report_path), d.trial_id, report.config)
+
+
+def replay_lines(report: Report, report_path: str, checks: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(check, command) for each check with a divergence in a trial: its first one as every view orders
+    them (the shrunk minimal trial first), so each view gives the same command for a check."""
+    found = []
+    for name in dict.fromkeys(checks if checks is not None else (d.check for d in report.divergences)):
+        first = next((d for d in minimal_first(report.divergences) if d.check == name and d.trial_id is not None),
+                     None)
+        command = None if first is None else replay_line(report, report_path, first)
+        if command is not None:
+            found.append((name, command))
+    return found

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from oracle.errors import OracleError
 from oracle.render.escape import terminal_text
+from oracle.render.findings import replay_lines
 from oracle.render.verdict import RunVerdict, first_divergence, gate, run_verdict, shown_verdict
 from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, Report, load_report
 
@@ -59,8 +60,8 @@ def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
                      f"ULP {d.ulp}, top-2 margin {d.reference_margin}")
         if d.localized_op is not None:
             lines.append(f"first diverging op: {d.localized_op.describe()}")
-        if d.trial_id is not None:
-            lines.append(f"replay: oracle replay {report_path} --trial {d.trial_id}")
+        for _, command in replay_lines(report, str(report_path), [check.name]):  # what every view gives
+            lines.append(f"replay: {command}")
     lines.append(f"seed {report.seed}; report {report_path}")
     return "\n".join(lines)
 

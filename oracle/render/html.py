@@ -11,11 +11,11 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from oracle.render.escape import terminal_text
-from oracle.render.findings import golden_lines, localized_cells, ulp_text
+from oracle.render.findings import golden_lines, localized_cells, replay_lines, ulp_text
 from oracle.render.verdict import headline, is_warning, minimal_first, shown_verdict, tone, verdict_label
 from oracle.report import CheckResult, DivergenceRecord, Report
 
@@ -25,6 +25,7 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 .pass{color:#161}.fail,.error{color:#b00;font-weight:bold}.vacuous,.reported,.warning{color:#a60}
 .blocking{color:#b00;font-weight:bold}
 tr.minimal{background:#fff3c4;font-weight:bold}
+table.nested{margin:0}table.nested th{font-weight:normal;color:#555}
 figure{display:inline-block;margin:1em 2em 1em 0;vertical-align:top}figcaption{font-weight:bold}
 svg text{font:11px sans-serif}svg .axis-label{font:12px sans-serif;fill:#333}
 """
@@ -177,7 +178,21 @@ def _verdict_cell(c: CheckResult) -> str:
     return f'<td class="{e(cls)}">{e(verdict_label(c))}</td>'
 
 
-def render_html(report: Report) -> str:
+def _env_cell(v: object, depth: int = 0) -> str:
+    """An environment value as a reader wants it: a mapping (the engines per mode, the posture) as a nested
+    table, a list of scalars comma-separated, a list of mappings one table each; never a Python repr."""
+    if depth < 6 and isinstance(v, Mapping):
+        rows = "".join(f"<tr><th>{e(k)}</th><td>{_env_cell(x, depth + 1)}</td></tr>" for k, x in v.items())
+        return f'<table class="nested">{rows}</table>' if rows else ""
+    if depth < 6 and isinstance(v, (list, tuple)):
+        if all(not isinstance(x, (Mapping, list, tuple)) for x in v):
+            return e(", ".join(str(x) for x in v))
+        return "".join(_env_cell(x, depth + 1) for x in v)
+    return e("" if v is None else v)
+
+
+def render_html(report: Report, report_path: str = "report.json") -> str:
+    """`report_path`: where report.json is, for the replay commands."""
     rows = "".join(
         f"<tr><td>{e(c.name)}</td><td>{e(c.requirement)}</td>{_verdict_cell(c)}"
         f"<td>{c.trials}</td><td>{c.divergent}</td><td>{e(c.message)}</td></tr>" for c in report.checks)
@@ -200,8 +215,11 @@ def render_html(report: Report) -> str:
         f"<td>{'' if d.reference_margin is None else f'{d.reference_margin:.3g}'}</td>"
         f"<td>{e(d.evidence.get('num_seqs', ''))}</td>{loc(d)}</tr>" for d in divs[:200])
     more = f"<p>... and {len(divs) - 200} more in report.json</p>" if len(divs) > 200 else ""
+    replays = "".join(f"<li>{e(check)}: <code>{e(command)}</code></li>" for check, command in
+                      replay_lines(report, report_path))
+    more += f'<h3>Replay</h3><ul class="replay">{replays}</ul>' if replays else ""
     env = report.environment
-    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in env.items() if k != "target_names")
+    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{_env_cell(v)}</td></tr>" for k, v in env.items() if k != "target_names")
     err = f'<p class="error">engine error: {e(report.error)}</p>' if report.error else ""
     golden = "".join(f"<li>{e(x)}</li>" for c in report.checks if c.name == "golden" and c.verdict != "pass"
                      for x in golden_lines(c))

@@ -17,7 +17,7 @@ from typing import Literal, TypeAlias
 from xml.etree import ElementTree as ET
 
 from oracle.render.escape import xml_text
-from oracle.render.findings import golden_lines, localized_line, ulp_text
+from oracle.render.findings import golden_lines, localized_line, replay_line, ulp_text
 from oracle.render.verdict import minimal_first, shown_verdict
 from oracle.report import CheckResult, DivergenceRecord, Report
 
@@ -48,14 +48,15 @@ def _properties(case: ET.Element, values: dict[str, object]) -> None:
         _el(props, "property", name=name, value=value)
 
 
-def render_junit(report: Report) -> str:
+def render_junit(report: Report, report_path: str = "report.json") -> str:
+    """`report_path`: where report.json is, for the replay command of each target's first divergence."""
     by_check: dict[str, dict[str, list[DivergenceRecord]]] = defaultdict(lambda: defaultdict(list))
     for d in minimal_first(report.divergences):  # each target's shrunk minimal trial first, never cut
         by_check[d.check][d.target].append(d)
     targets = {str(t) for t in report.environment.get("target_names", [])}
     suites = ET.Element("testsuites", name="oracle")
     for c in report.checks:
-        _check_suite(suites, report, c, by_check.get(c.name, {}), targets)
+        _check_suite(suites, report, c, by_check.get(c.name, {}), targets, report_path)
     if report.error:
         suite = _el(suites, "testsuite", name="oracle.engine", tests=1, failures=0, errors=1, skipped=0)
         case = _el(suite, "testcase", classname="oracle.engine", name="run")
@@ -66,12 +67,12 @@ def render_junit(report: Report) -> str:
 
 
 def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Mapping[str, list[DivergenceRecord]],
-                 targets: set[str]) -> None:
+                 targets: set[str], report_path: str) -> None:
     """A check's testsuite: a testcase per target, and an `all targets` one for a verdict no target explains."""
     suite = _el(suites, "testsuite", name=f"oracle.{c.name}")
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     golden = {str(g.get("target")): g for g in c.evidence.get("differing", [])} if c.name == "golden" else {}
-    outcomes = [_target_case(suite, report, c, target, divs_of.get(target, []), target in golden)
+    outcomes = [_target_case(suite, report, c, target, divs_of.get(target, []), target in golden, report_path)
                 for target in sorted(targets | set(divs_of) | set(golden))]
     errored = c.verdict == "error" and c.blocks
     if not errored and "failures" not in outcomes and (c.blocks or not outcomes):
@@ -89,7 +90,7 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
 
 
 def _target_case(suite: ET.Element, report: Report, c: CheckResult, target: str, divs: list[DivergenceRecord],
-                 golden: bool) -> Outcome:
+                 golden: bool, report_path: str) -> Outcome:
     """One target of a check: a failure where a blocking check diverged for it (or its golden digest changed),
     an error where a blocking check errored, else its findings and verdict as output."""
     case = _el(suite, "testcase", classname=f"oracle.{c.name}", name=target)
@@ -97,6 +98,9 @@ def _target_case(suite: ET.Element, report: Report, c: CheckResult, target: str,
     detail = "\n".join(_describe(d) for d in divs[:_MAX_LISTED])
     if len(divs) > _MAX_LISTED:
         detail += f"\n... and {len(divs) - _MAX_LISTED} more in report.json"
+    command = next((line for line in (replay_line(report, report_path, d) for d in divs) if line), None)
+    if command is not None:  # the target's first divergence in a trial, the shrunk one where it has one
+        detail += f"\nreplay: {command}"
     if golden:
         detail = "\n".join(ln for ln in golden_lines(c) if f"target {target}:" in ln or "changed since" in ln)
     found = bool(divs) or golden

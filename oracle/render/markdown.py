@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import markdown_text, terminal_text
-from oracle.render.findings import golden_lines, localized_line, ulp_text
+from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
 from oracle.render.verdict import (
-    first_divergence,
     headline,
     is_warning,
     minimal_first,
@@ -42,19 +41,16 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
             found = golden_lines(c)
             if found:
                 lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
+    replays = dict(replay_lines(report, report_path))
     for check in _CHECKS:
         rows = minimal_first(d for d in report.divergences if d.check == check)
         if rows:
             lines += _divergence_section(check, rows, max_rows)
+            if check in replays:  # a code span: shown literally
+                lines += ["", f"Replay: `{terminal_text(replays[check]).replace('`', '')}`"]
     if report.coverage:
         lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
         lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in report.coverage.items()]
-    replay = first_divergence(report, ["invariance"])
-    if replay is not None and replay.trial_id is not None:
-        from oracle.trust import replay_command
-
-        command = replay_command(report_path, replay.trial_id, report.config)
-        lines += ["", f"Replay: `{terminal_text(command).replace('`', '')}`"]  # a code span: shown literally
     return "\n".join(lines) + "\n"
 
 

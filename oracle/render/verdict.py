@@ -76,8 +76,12 @@ def run_verdict(exit_code: int) -> RunVerdict:
 
 
 def headline(report: Report) -> str:
-    """`passed`, `passed with warnings`, `failed` or `error`, plus `partial` when the run did not finish."""
+    """`passed`, `passed with warnings`, `failed` or `error`, plus `partial` when the run did not finish. A
+    shard's slice that ran whole has no verdict of its own: it says which shard it is and that the merge judges."""
     code = report.exit_code()
+    index, count = report.shard.get("index"), report.shard.get("count")
+    if index is not None and count is not None and report.complete and report.error is None:
+        return f"shard {index}/{count} of seed {report.seed} ran (exit {code}): merge the shards to judge"
     word = {"pass": "passed", "fail": "failed", "error": "error"}[run_verdict(code)]
     if code == EXIT_OK and any(is_warning(c) for c in report.checks):
         word = "passed with warnings"

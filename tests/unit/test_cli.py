@@ -66,3 +66,32 @@ def test_a_set_without_a_field_name_is_refused_by_the_parser(capsys: pytest.Capt
         main(["run", "c.yaml", "--set", "not a field"])
     assert e.value.code == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    # The flag sets the field the conflict names second: the file's line of batch_size is not to blame.
+    (["--set", "engine.max_num_seqs=4"], "--set engine.max_num_seqs: schedule.batch_size: max 17 is above "
+                                         "engine.max_num_seqs (4)"),
+    # The flag sets the field the conflict is reported on.
+    (["--set", "schedule.batch_size=[1, 99]"], "--set schedule.batch_size: schedule.batch_size: max 99 is above"),
+])
+def test_a_set_that_conflicts_with_the_file_names_the_flag_not_a_line(
+        tmp_path: object, capsys: pytest.CaptureFixture[str], flags: list[str], says: str) -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = Path(str(tmp_path)) / "tiny.yaml"
+    config.write_text((root / "configs" / "tiny.yaml").read_text())
+    assert main(["run", str(config), "--report-dir", str(Path(str(tmp_path)) / "r"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and f"{config}:" not in err, err
+
+
+def test_a_conflict_inside_the_file_still_names_its_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = Path(str(tmp_path)) / "tiny.yaml"
+    config.write_text((root / "configs" / "tiny.yaml").read_text().replace("max_num_seqs: 64", "max_num_seqs: 4"))
+    assert main(["run", str(config), "--report-dir", str(Path(str(tmp_path)) / "r"), "--set", "sampling.max_tokens=3"]) == 2
+    assert f"{config}:21: schedule.batch_size: max 17" in capsys.readouterr().err

@@ -57,13 +57,17 @@ def test_bad_config_exits_2_with_one_line(
     assert needle in err, err
 
 
-def test_unknown_field_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_field_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a config error replaces a stale report in the default folder: this test's
     path = tmp_path / "bad.yaml"
     path.write_text(GOOD.replace("trials: 3", "trials: 3\n  trails: 4"))
     assert main(["run", str(path)]) == 2
     assert f"{path}:6: schedule.trails: unknown field" in capsys.readouterr().err
 
 
-def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default report folder is the working directory's: this test's
     assert main(["run", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml: config file not found" in capsys.readouterr().err

@@ -80,3 +80,40 @@ def test_a_bad_model_override_blames_the_flag(tmp_path: Path, capsys: pytest.Cap
     assert main(["config", "init", str(config)]) == 0
     assert main(["run", str(config), "--model", "preset:nope", "--report-dir", str(tmp_path / "out")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_init_custom_engine_writes_the_engine_beside_its_config_and_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], model_cache: Path) -> None:
+    """What a wheel in an empty folder gets: the example engine's module beside the config, imported from
+    the config's folder without PYTHONPATH, and the config runs."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "init", "--example", "custom-engine", "ci/oracle.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "ci/custom_engine.py" in out and "oracle run ci/oracle.yaml" in out
+    assert (tmp_path / "ci" / "custom_engine.py").read_text() == (ROOT / "examples" / "custom_engine.py").read_text()
+    assert load_config(tmp_path / "ci" / "oracle.yaml").engine.kind == "custom_engine:BigramEngine"
+    code = main(["run", "ci/oracle.yaml", "--trials", "3", "--seed", "2", "--report-dir", "report"])
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert code == 0, report.get("error")
+    assert report["environment"]["engines"]["invariant"]["engine"] == "bigram-example"
+
+
+def test_init_custom_engine_refuses_to_overwrite_the_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "custom_engine.py").write_text("# mine\n")
+    assert main(["config", "init", "--example", "custom-engine", str(tmp_path / "oracle.yaml")]) == 2
+    assert "custom_engine.py: already exists" in capsys.readouterr().err
+    assert (tmp_path / "custom_engine.py").read_text() == "# mine\n" and not (tmp_path / "oracle.yaml").exists()
+
+
+def test_init_writes_the_sharded_workflow_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "init", "--example", "sharded-workflow"]) == 0
+    assert (tmp_path / "oracle-sharded.yml").read_text() == (ROOT / "examples" / "oracle-sharded.yml").read_text()
+
+
+def test_the_examples_ship_in_the_wheel() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "oracle.examples" in tool["packages"] and tool["package-dir"]["oracle.examples"] == "examples"
+    shipped = tool["package-data"]["oracle.examples"]
+    assert {"*.py", "*.yaml", "*.yml"} <= set(shipped)

@@ -86,7 +86,9 @@ def test_bad_command_line_values_blame_the_option(argv: list[str], needle: str, 
     assert needle in err and str(path) not in err, err
 
 
-def test_a_config_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_config_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default report folder is the working directory's: this test's
     assert main(["run", str(tmp_path)]) == 2
     assert "is a folder, not a config file" in capsys.readouterr().err
 

@@ -297,3 +297,12 @@ def test_cache_location_follows_oracle_cache_dir(tmp_path: Path, monkeypatch: py
 def test_non_integer_seed_is_a_config_error(tmp_path: Path, seed: object) -> None:
     with pytest.raises(ConfigError, match="seed"):
         make_model("tiny-qwen3", tmp_path / "m", seed=seed)  # type: ignore[arg-type]
+
+
+def test_ensure_model_says_when_it_makes_the_model_and_only_then(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    first = ensure_model("tiny-qwen3", cache_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert f"oracle: making the tiny-qwen3 model (seed 0) on first use, into {first}" in err
+    assert ensure_model("tiny-qwen3", cache_dir=tmp_path) == first
+    assert capsys.readouterr().err == ""  # cached: nothing to say

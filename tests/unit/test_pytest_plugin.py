@@ -551,9 +551,11 @@ def _write_word_tokenizer(model: Path) -> None:
 
 
 def test_docs_pytest_snippet_works_as_pasted(inner: pytest.Pytester, fake_model: Path) -> None:
-    """docs/usage.md's pytest snippet, over the fake engine (given a word tokenizer) as the base config."""
+    """The README's pytest snippet (docs/pytest.md shows the same), over the fake engine (given a word
+    tokenizer) as the base config."""
     section = DOCS.read_text().split("\n## pytest\n")[1].split("\n## ")[0]
     code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert code in (DOCS.parent / "docs" / "pytest.md").read_text()
     assert "oracle.assert_batch_invariant" in code and "@pytest.mark.oracle(" in code
     _write_word_tokenizer(fake_model)
     cfg = fake_config(fake_model)
@@ -636,3 +638,16 @@ def test_a_report_level_gate_that_fails_is_a_warning(inner: pytest.Pytester, fak
     assert outcomes.get("failed", 0) == 0 and outcomes.get("warnings") == 1, outcomes
     result.stdout.fnmatch_lines(["*oracle-gated.yaml::drift PASSED*", "*OracleWarning: oracle: drift fail (seed *, exit 0)*"])
     result.stdout.fnmatch_lines(["oracle-gated.yaml: passed with warnings (exit 0), seed *: *drift fail*"])
+
+
+@pytest.mark.slow
+def test_the_readme_pytest_example_is_clean_on_the_default_config(pytester: pytest.Pytester,
+                                                                    model_cache: Path) -> None:
+    """The first example a user copies passes without a warning (no vacuous prefix_cache: its prompts are
+    longer than a KV block, so the warm runs hit the cache), on the fixture's real default config."""
+    section = DOCS.read_text().split("\n## pytest\n")[1].split("\n## ")[0]
+    pytester.makepyfile(test_determinism=re.findall(r"```python\n(.*?)```", section, re.S)[0])
+    result = pytester.runpytest_subprocess("--oracle-trials", "10", "--oracle-seed", "1", "-W", "error::UserWarning",
+                                           "-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "OracleWarning" not in result.stdout.str() and "prefix_cache vacuous" not in result.stdout.str()

@@ -154,9 +154,9 @@ def test_a_clean_run_just_passes() -> None:
 def test_golden_failure_names_target_step_tokens_and_what_changed() -> None:
     r = hand_report()
     md = render_markdown(r)
-    line = "golden: target random-1: step 2: token 7 -&gt; 9"
+    line = "golden: target random-1: step 2: token 7 -> 9"
     assert line in md
-    assert "torch: 2.11.0 -&gt; 2.13.0" in md and "config digest: aaaaaaaaaaaa -&gt; bbbbbbbbbbbb" in md
+    assert "torch: 2.11.0 -> 2.13.0" in md and "config digest: aaaaaaaaaaaa -> bbbbbbbbbbbb" in md
     out = _console(r, 140)
     assert "golden: target random-1: step 2: token 7 -> 9" in out
     assert "config digest: aaaaaaaaaaaa -> bbbbbbbbbbbb" in out
@@ -167,7 +167,7 @@ def test_golden_failure_names_target_step_tokens_and_what_changed() -> None:
 def test_markdown_escapes_html_backticks_and_control_bytes() -> None:
     md = render_markdown(hand_report(error="bad `rm -rf` <img src=x onerror=alert(1)>\x1b[2J"))
     assert "<b>" not in md and "<img" not in md and "\x1b" not in md and "\x00" not in md
-    assert "&lt;b&gt;bold&lt;/b&gt;" in md and "\\`code\\`" in md and "\\`rm -rf\\`" in md
+    assert "&lt;b>bold&lt;/b>" in md and "\\`code\\`" in md and "\\`rm -rf\\`" in md
     # every table row still has its cells: the | in the name is escaped
     row = next(ln for ln in md.splitlines() if ln.startswith("| evil"))
     assert len(re.findall(r"(?<!\\)\|", row)) == 11
@@ -272,3 +272,41 @@ def test_views_without_localized_op_or_coverage() -> None:
     assert "first diverging op" not in md and "coverage" not in md
     assert "first diverging op" not in page and "Coverage" not in page
     assert "first diverging op" not in _console(r, 140)
+
+
+def test_markdown_keeps_a_greater_than_sign_readable_and_never_opens_a_quote() -> None:
+    from oracle.render.escape import markdown_text
+
+    assert markdown_text("target KV length > 64 in a shared pass") == "target KV length > 64 in a shared pass"
+    assert markdown_text("> quoted") == "\\> quoted"  # at the start of a line it would open a blockquote
+    assert markdown_text("a < b & c") == "a &lt; b &amp; c"
+
+
+def test_coverage_counts_numbers_by_value_and_one_sequence_in_the_singular(fake_model: Path, tmp_path: Path) -> None:
+    from oracle.config import parse_config
+    from oracle.runner import run
+
+    cfg = {"model": str(fake_model), "engine": {"kind": "fake_engine:FakeEngine"},
+           "prompts": {"random": {"count": 2, "min_len": 2, "max_len": 5}}, "sampling": {"max_tokens": 3},
+           "schedule": {"trials": 4, "seed": 3, "batch_size": [2, 2], "repeat_trials": 1},
+           "checks": {"prefill_decode": "off", "prefix_cache": "off"}}
+    coverage = run(parse_config(cfg), report_dir=tmp_path / "r").coverage
+    assert coverage.get("shared with 1 sequence", 0) > 0 and "shared with 1 sequences" not in coverage
+    kv = [k for k in coverage if k.startswith("target KV length >")]
+    bounds = [int(k.split("> ")[1].split()[0]) for k in kv]
+    for i in range(len(kv) - 1):
+        if coverage[kv[i]] == coverage[kv[i + 1]]:  # equal counts: by the number's value, 64 before 512
+            assert bounds[i] < bounds[i + 1], kv
+    assert len(kv) >= 4
+
+
+def test_html_environment_shows_engines_and_posture_as_tables_not_reprs() -> None:
+    from oracle.render.html import render_html
+
+    r = hand_report()
+    r.environment["engines"] = {"invariant": {"engine": "native", "kernels": ["mm", "bmm"], "threads": 1},
+                                "production": {"engine": "native", "note": None}}
+    page = render_html(r)
+    env = page[page.index("<h2>Environment</h2>"):]
+    assert "{'" not in env and "{&#x27;" not in env and "[&#x27;" not in env  # no Python dict or list repr
+    assert "<th>invariant</th>" in env and "<th>kernels</th><td>mm, bmm</td>" in env

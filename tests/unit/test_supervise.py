@@ -195,7 +195,8 @@ def test_config_error_replaces_an_earlier_report(tmp_path: Path) -> None:
     assert report["complete"] is False and report["exit_code"] == 2 and "bad.yaml" in report["error"]
 
 
-def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path) -> None:
+def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from oracle.lifecycle.run_guard import replace_stale_report
     from oracle.lifecycle.signals import Interrupted
 
@@ -206,6 +207,7 @@ def test_a_signal_while_the_config_loads_says_where_the_report_is(tmp_path: Path
     assert report["exit_code"] == 143 and report["error"] == "interrupted (SIGTERM)"
     assert e.report_dir == str(tmp_path / "report")  # type: ignore[attr-defined]
     fresh = Interrupted(signal.SIGTERM)
+    monkeypatch.chdir(tmp_path / "report")  # the default folder, `oracle-report/` of the working directory, is empty
     replace_stale_report(tmp_path / "missing.yaml", None, fresh)  # no folder named, none holds a report
     assert not hasattr(fresh, "report_dir")
 

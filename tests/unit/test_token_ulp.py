@@ -4,6 +4,7 @@ every view says "token changed" instead of a number (nor files it in the HTML UL
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from hand_report import divergence, hand_report
 from rich.console import Console
@@ -49,3 +50,23 @@ def test_views_say_token_changed_not_a_ulp() -> None:
     for name in ("console", "markdown", "html"):
         assert "token changed" in views[name], name
     assert ulp_histogram(r.divergences) == []  # type: ignore[attr-defined]
+
+
+def test_a_logits_only_divergence_never_reads_as_ulp_0() -> None:
+    """Same token, logprob bitwise equal, the logits row differs: every view says so, never "ULP 0"."""
+    from oracle.pytest_plugin.failure import describe_divergence
+
+    expected = Completion("r", [1, 2], [-1.0, -0.5], logits=[[0.1, 0.2], [0.3, 0.4]])
+    actual = Completion("r", [1, 2], [-1.0, -0.5], logits=[[0.1, 0.2], [0.3, 0.40000004]])
+    d = first_divergence(expected, actual)
+    assert d is not None and d.kind == "logits" and d.ulp == 0
+    r = hand_report()
+    logits = divergence("invariance", "logits-target", 3, ulp=0).model_copy(update={"kind": "logits"})
+    r = r.model_copy(update={"divergences": [logits]})
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=200, markup=False, color_system=None), r, "r/report.json")
+    views = {"console": buf.getvalue(), "markdown": render_markdown(r), "html": render_html(r),
+             "junit": render_junit(r), "pytest": "\n".join(describe_divergence(logits, Path("r/report.json"), {}))}
+    for name, text in views.items():
+        assert "ulp 0" not in text.lower() and "ULP distance 0" not in text, name
+        assert "logits differ" in text or "the logits row differs" in text, name

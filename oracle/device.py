@@ -1,0 +1,36 @@
+"""`engine.device` against the torch that is installed, before any model is made: a GPU config on a CPU
+build of torch is a config error (exit 2) naming the field, not an engine error after a checkpoint was built
+and its first tensor failed to move."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from oracle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oracle.config import EngineConfig
+
+# Engines that run no model in this process, so `engine.device` is not theirs to use: vLLM picks its device
+# in its own worker (its platform), a server is wherever it runs.
+DEVICE_UNUSED = frozenset({"vllm", "openai"})
+
+
+def check_device(cfg: EngineConfig) -> None:
+    """ConfigError when `engine.device` names CUDA and this torch cannot give it: a build without CUDA, no
+    device visible, or an index past the devices there are. Imports torch only for a CUDA device."""
+    device = cfg.device
+    if cfg.kind in DEVICE_UNUSED or not device.startswith("cuda"):
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        raise ConfigError(f"engine.device: {device}, but this torch has no CUDA (torch {torch.__version__}, a CPU "
+                          "build): install a CUDA build of torch (pip install torch), or set engine.device: cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ConfigError(f"engine.device: {device}, but no CUDA device is visible to torch {torch.__version__} "
+                          "(check the driver and CUDA_VISIBLE_DEVICES), or set engine.device: cpu")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= count):
+        raise ConfigError(f"engine.device: {device}, but torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
