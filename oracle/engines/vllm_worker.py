@@ -215,6 +215,12 @@ class WorkerEngine:
             self.engine.reset_prefix_cache()
         return found
 
+    def shutdown(self) -> None:
+        """Stop vLLM's engine core and the rank processes it started now, rather than at interpreter exit, where
+        nothing told them to go (a TP 2 worker then outlived the parent's grace period and was terminated)."""
+        with contextlib.suppress(Exception):
+            self.engine.engine_core.shutdown()
+
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())
 
@@ -631,8 +637,11 @@ def main(argv: Sequence[str]) -> int:
         if op != "start" or not isinstance(spec, WorkerSpec):
             raise ValueError(f"expected ('start', WorkerSpec), got {op!r}")
         engine = WorkerEngine(spec)
-        conn.send(("ready", engine.info))
-        _serve(conn, engine)
+        try:
+            conn.send(("ready", engine.info))
+            _serve(conn, engine)
+        finally:
+            engine.shutdown()
     except EOFError:
         return 1
     except BaseException as e:  # noqa: BLE001 - whatever stopped the start is the parent's error message
