@@ -267,7 +267,8 @@ class VllmEngine:
             # The capture hooks the model in the worker's process; at TP/PP > 1 the model runs in vLLM's rank
             # processes, where no capture is built yet. Said, never silently nothing.
             return LocalizedOp(
-                module="", op="", layer=None, forward_pass=-1, engine_step=None, positions=(), shape=(), ulp=None,
+                # The narrowest bound known is the whole model; -1: no forward pass was captured.
+                module="model", op=f"not captured in the {ranks} rank processes", layer=None, forward_pass=-1, engine_step=None, positions=(), shape=(), ulp=None,
                 max_abs_diff=None, inputs_equal=None, status="inconclusive", eager=self.spec.enforce_eager,
                 note=f"not localized: the model runs in {ranks} rank processes (tensor_parallel_size "
                      f"{self.spec.tensor_parallel_size}, pipeline_parallel_size {self.spec.pipeline_parallel_size}) "
