@@ -90,6 +90,8 @@ class VllmOptions(_Strict):
     log_level: str = Field("WARNING", description="vLLM's logging level in the worker")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="extra vllm.EngineArgs fields")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the worker")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM's tensor-parallel ranks (one process each)")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM's pipeline stages (one process each)")
 
 
 class ModeURLs(_Strict):

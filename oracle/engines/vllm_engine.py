@@ -18,7 +18,13 @@ enable_chunked_prefill, enable_prefix_caching and num_threads (the worker's OMP_
     invariance: "oracle_kernels" | "vllm" | "none"   what invariant mode means (see `INVARIANCE`)
     logprobs: top-k logprobs per step when full rows are not asked for (>= 2, for the margin)
     split_kv: VLLM_CPU_ATTN_SPLIT_KV of the invariant worker (None: vLLM's default; production always has it)
+    tensor_parallel_size, pipeline_parallel_size: vLLM's ranks and stages, one process each (docs/tensor-parallel.md)
     engine_args: extra `vllm.EngineArgs` fields; env: extra environment variables of the worker
+
+Invariant mode's `oracle_kernels` reach every process that runs the model through oracle's vLLM plugin
+(`oracle.engines.vllm_plugin`, entry point `vllm.general_plugins`), which this adapter turns on for the
+invariant worker only (ORACLE_VLLM_KERNELS=1). Each rank reports what it runs when the engine starts; a rank
+without the kernels stops the run there (`KernelsNotInForce`), before any trial.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from oracle.config import EngineConfig, VllmOptions
 from oracle.engines.contract import Completion, Mode, Request
+from oracle.engines.vllm_plugin import ENV as KERNELS_ENV
+from oracle.engines.vllm_plugin import PLUGIN_NAME
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError, EngineError
 from oracle.lifecycle import tether
@@ -49,8 +57,8 @@ if TYPE_CHECKING:
     from oracle.engines.contract import RunSpec
 
 INVARIANCE = {
-    "oracle_kernels": "oracle_kernels in the worker (torch.library overrides; linear layers moved from "
-                      "oneDNN to aten so the overrides reach them)",
+    "oracle_kernels": "oracle_kernels in every rank (oracle's vLLM plugin: torch.library overrides; linear layers "
+                      "moved from oneDNN to aten so the overrides reach them; checked per rank at start)",
     "vllm": "VLLM_BATCH_INVARIANT=1 (vLLM's own batch-invariant kernels)",
     "none": "none (invariant mode runs vLLM's default kernels)",
 }
@@ -76,6 +84,50 @@ def _option(name: str) -> str:
     return f"engine.options.{name}"
 
 
+class KernelsNotInForce(EngineError):
+    """Invariant mode claims oracle_kernels but some rank runs default kernels: the run stops before any trial
+    is judged (exit 3), never reads as an invariance failure or a pass."""
+
+
+_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size")
+
+
+def parallel_sizes(options: VllmOptions) -> tuple[int, int, dict[str, Any]]:
+    """(tensor_parallel_size, pipeline_parallel_size, the other engine_args): the sizes are first-class fields,
+    also accepted under `engine_args` (validated the same); set in both places they must agree."""
+    args = dict(options.engine_args)
+    sizes = []
+    for name in _PARALLEL:
+        value: Any = getattr(options, name)
+        if name in args:
+            given = args.pop(name)
+            if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+                raise ConfigError(f"{_option('engine_args.' + name)}: expected an integer >= 1, got {given!r}")
+            if name in options.model_fields_set and given != value:
+                raise ConfigError(f"{_option(name)} is {value} but {_option('engine_args.' + name)} is {given}; "
+                                  "set it once")
+            value = given
+        sizes.append(value)
+    return sizes[0], sizes[1], args
+
+
+def check_host_runs(tp: int, pp: int) -> None:
+    """A size this host cannot run is a config error naming the field: one GPU per rank on CUDA, one core per
+    rank on the CPU (vLLM's CPU build binds each rank's threads to cores of its own)."""
+    import torch
+
+    if torch.cuda.is_available():
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), \
+            "CPU cores"
+    if tp * pp <= have:
+        return
+    name = "tensor_parallel_size" if tp > have or pp == 1 else "pipeline_parallel_size"
+    raise ConfigError(f"{_option(name)}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs "
+                      f"{tp * pp} {what}, one per rank; this host has {have}")
+
+
 class VllmEngine:
     """Implements `oracle.engines.contract.Engine` over a vLLM worker process, with the optional
     capabilities ResetsPrefixCache and LocalizesInWorker.
@@ -92,12 +144,15 @@ class VllmEngine:
         if not (model_dir / "config.json").is_file():
             raise ConfigError(f"vllm engine: {model_dir} holds no config.json (an HF-format checkpoint directory)")
         self.mode: Mode = mode
+        tp, pp, engine_args = parallel_sizes(options)
+        check_host_runs(tp, pp)
         self.spec = WorkerSpec(
             model=str(model_dir), mode=mode, invariance=options.invariance, dtype=config.dtype,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill, enable_prefix_caching=config.enable_prefix_caching,
             logprobs=options.logprobs, enforce_eager=options.enforce_eager, max_model_len=options.max_model_len,
-            seed=options.seed, audit=options.audit, engine_args=dict(options.engine_args),
+            seed=options.seed, audit=options.audit, engine_args=engine_args,
+            tensor_parallel_size=tp, pipeline_parallel_size=pp,
         )
         self.timeout_s = options.timeout_s
         self.start_timeout_s = options.start_timeout_s
@@ -109,7 +164,7 @@ class VllmEngine:
     @staticmethod
     def _worker_env(mode: Mode, options: VllmOptions, threads: int | None) -> dict[str, str]:
         env = dict(os.environ)
-        for name in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        for name in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING", KERNELS_ENV):
             env.pop(name, None)  # the mode decides these, not the caller's shell
         env.update({
             # In-process engine core: starts in seconds, and this worker can step it itself.
@@ -127,6 +182,13 @@ class VllmEngine:
         if options.split_kv is not None and mode == "invariant":
             env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if options.split_kv else "0"
         env.update({str(k): str(v) for k, v in options.env.items()})
+        if mode == "invariant" and options.invariance == "oracle_kernels":
+            # Asks oracle's vLLM plugin for the kernels in every process of this worker (oracle.engines.vllm_plugin).
+            env.setdefault(KERNELS_ENV, "1")
+            allowed = env.get("VLLM_PLUGINS")
+            if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+                # An allowlist of vLLM plugins would leave ours out of every rank.
+                env["VLLM_PLUGINS"] = ",".join(p for p in (*allowed.split(","), PLUGIN_NAME) if p)
         return env
 
     def describe(self) -> dict[str, Any]:
@@ -146,6 +208,8 @@ class VllmEngine:
             "enable_chunked_prefill": s.enable_chunked_prefill,
             "enable_prefix_caching": s.enable_prefix_caching,
             "enforce_eager": s.enforce_eager,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "pipeline_parallel_size": s.pipeline_parallel_size,
             "budget_per_call": "scheduler max_num_scheduled_tokens, up to max_num_batched_tokens",
             "linear_kernel": info.get("linear_kernel"),
             "torch_threads": info.get("torch_threads"),
@@ -158,6 +222,8 @@ class VllmEngine:
             out["covered_ops"] = info["covered_ops"]
         if "ops" in info:
             out["ops"] = info["ops"]
+        if "ranks" in info:  # each rank's own account: device, kernels registered, linear kernels, all-reduce, ops
+            out["ranks"] = [{k: v for k, v in r.items() if k != "linear_counts"} for r in info["ranks"]]
         return out
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
@@ -196,6 +262,19 @@ class VllmEngine:
         """
         from oracle.capture.rules import LocalizedOp
 
+        ranks = self.spec.tensor_parallel_size * self.spec.pipeline_parallel_size
+        if ranks > 1:
+            # The capture hooks the model in the worker's process; at TP/PP > 1 the model runs in vLLM's rank
+            # processes, where no capture is built yet. Said, never silently nothing.
+            return LocalizedOp(
+                # The narrowest bound known is the whole model; -1: no forward pass was captured.
+                module="model", op=f"not captured in the {ranks} rank processes", layer=None, forward_pass=-1, engine_step=None, positions=(), shape=(), ulp=None,
+                max_abs_diff=None, inputs_equal=None, status="inconclusive", eager=self.spec.enforce_eager,
+                note=f"not localized: the model runs in {ranks} rank processes (tensor_parallel_size "
+                     f"{self.spec.tensor_parallel_size}, pipeline_parallel_size {self.spec.pipeline_parallel_size}) "
+                     "and the vllm engine captures ops only where the model runs in its worker's own process "
+                     "(tensor_parallel_size 1); replay the trial at TP 1 to localize what does not depend on the "
+                     "ranks")
         msg = ("localize", expected, actual, str(repro_dir) if repro_dir is not None else None)
         if self.spec.enforce_eager:
             found = self._live().call(msg, self.timeout_s)
@@ -301,6 +380,10 @@ class _Worker:
             kind, payload = reply
             if kind == expect:
                 return payload
+            if kind == "not_in_force":
+                self.keep_log = True
+                raise KernelsNotInForce(f"vllm worker: invariant mode's oracle_kernels are not in force, so no "
+                                        f"trial was run: {payload}")
             if kind == "config_error":
                 raise ConfigError(f"{_option('engine_args')}: vLLM rejected it: {payload}")
             if kind == "error":

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import sys
 import traceback
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -51,6 +50,8 @@ class WorkerSpec:
     seed: int
     audit: bool
     engine_args: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
     @property
     def uses_oracle_kernels(self) -> bool:
@@ -59,6 +60,10 @@ class WorkerSpec:
 
 class WorkerConfigError(Exception):
     """A setting vLLM rejected that the user chose (reported as a ConfigError by the parent)."""
+
+
+class NotInForce(Exception):
+    """Invariant mode's kernels are not in force in some rank (reported as KernelsNotInForce by the parent)."""
 
 
 @dataclass
@@ -109,28 +114,6 @@ class _SchedulerTap:
         return passes
 
 
-@contextlib.contextmanager
-def _aten_linear() -> Iterator[None]:
-    """While vLLM loads weights, make every CPU linear layer call torch's `F.linear` (aten::addmm/mm).
-
-    vLLM's CPU backend binds each linear layer to oneDNN (`_C::onednn_mm`) at load time; that
-    kernel never passes through aten, so `oracle_kernels`' overrides could not reach it.
-    """
-    import torch
-    from vllm.model_executor.layers import utils as layer_utils
-
-    original = layer_utils.dispatch_cpu_unquantized_gemm
-
-    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]
-
-    layer_utils.dispatch_cpu_unquantized_gemm = dispatch
-    try:
-        yield
-    finally:
-        layer_utils.dispatch_cpu_unquantized_gemm = original
-
-
 @dataclass
 class _Track:
     """Per request of one generate call."""
@@ -151,7 +134,6 @@ class WorkerEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.spec = spec
-        patch = _aten_linear() if spec.uses_oracle_kernels else contextlib.nullcontext()
         kwargs: dict[str, Any] = dict(
             model=spec.model, dtype=spec.dtype, skip_tokenizer_init=True, seed=spec.seed,
             max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -160,6 +142,7 @@ class WorkerEngine:
             max_logprobs=-1, enforce_eager=spec.enforce_eager,
             # Outputs must belong to the step that scheduled them, or the evidence would be off by one.
             async_scheduling=False, disable_log_stats=True,
+            tensor_parallel_size=spec.tensor_parallel_size, pipeline_parallel_size=spec.pipeline_parallel_size,
         )
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = spec.max_model_len
@@ -168,8 +151,9 @@ class WorkerEngine:
             args = EngineArgs(**kwargs)
         except TypeError as e:  # an engine_args key EngineArgs does not have
             raise WorkerConfigError(str(e)) from e
-        with patch:
-            self.engine = LLMEngine.from_engine_args(args)
+        # Invariant mode's kernels come from oracle's vLLM plugin (oracle.engines.vllm_plugin), which vLLM runs
+        # in this process and in every rank it starts; the environment (ORACLE_VLLM_KERNELS) asks for them.
+        self.engine = LLMEngine.from_engine_args(args)
         client: Any = self.engine.engine_core  # an InprocClient with VLLM_ENABLE_V1_MULTIPROCESSING=0
         core = client.engine_core
         self.scheduler = core.scheduler
@@ -179,46 +163,63 @@ class WorkerEngine:
         self.info: dict[str, Any] = {
             "engine_version": vllm.__version__, "vocab_size": self.vocab_size,
             "max_model_len": int(self.engine.model_config.max_model_len),
-            "linear_kernel": "aten (F.linear)" if spec.uses_oracle_kernels else "vLLM's CPU dispatch (oneDNN)",
         }
         self.info.update(_threads())
-        self.info["posture"] = _posture(self.engine, spec)
+        ranks = self._ranks()
+        self.info["ranks"] = ranks
+        self.info["linear_kernel"] = _agreed([r["linear_kernel"] for r in ranks])
+        if any("ops" in r for r in ranks):
+            self.info["ops"] = ranks[0].get("ops")  # rank 0's, as a single-process engine reports them
+        self.info["posture"] = _posture(self.engine, spec, ranks)
         if spec.uses_oracle_kernels:
             import oracle_kernels
 
-            self.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
-        if spec.audit:
-            self.info["ops"] = self._audit()
+            from oracle.engines.vllm_plugin import not_in_force
 
-    def _audit(self) -> dict[str, Any]:
-        """Run two short requests side by side and list the ops one engine step reaches.
+            self.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
+            why = not_in_force(ranks, spec.tensor_parallel_size * spec.pipeline_parallel_size)
+            if why:
+                raise NotInForce("; ".join(why))
+
+    def _ranks(self) -> list[dict[str, Any]]:
+        """Each rank's own account of what it runs (`vllm_plugin.rank_report`, run in the rank's process), with
+        the ops its forward passes reached in a short audit when `spec.audit`; sorted by rank."""
+        from oracle.engines import vllm_plugin
+
+        ranks = list(self.engine.collective_rpc(vllm_plugin.rank_report))
+        if self.spec.audit:
+            by_rank = {r.get("rank"): r for r in ranks}
+            for ops in self._audit():
+                if ops.get("rank") in by_rank:
+                    by_rank[ops.pop("rank")]["ops"] = ops
+        return sorted(ranks, key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+
+    def _audit(self) -> list[dict[str, Any]]:
+        """Run two short requests side by side and list, per rank, the ops its passes reached.
 
         `batch_variant_*` are the aten ops `oracle_kernels.audit` knows to be batch-variant, split by
         whether our kernel ran them; `opaque` are vLLM's own custom ops (`_C::`, `vllm::`), whose
-        insides torch cannot see, so no aten override reaches them.
+        insides torch cannot see, so no aten override reaches them. Recorded in each rank's process
+        (`vllm_plugin.audit_begin` / `audit_end`), where the model runs.
         """
-        import oracle_kernels
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class AllOps(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.names: Counter[str] = Counter()
-
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                self.names[str(func.name())] += 1
-                return func(*args, **(kwargs or {}))
+        from oracle.engines import vllm_plugin
 
         reqs = [Request("audit-a", tuple(range(1, 6)), _AUDIT_SAMPLING),
                 Request("audit-b", tuple(range(7, 16)), _AUDIT_SAMPLING)]
-        every = AllOps()
-        with every:
-            result = oracle_kernels.audit(self.generate, reqs, None)
+        self.engine.collective_rpc(vllm_plugin.audit_begin)
+        try:
+            self.generate(reqs, None)
+        finally:
+            found = list(self.engine.collective_rpc(vllm_plugin.audit_end))
         if self.spec.enable_prefix_caching:
             self.engine.reset_prefix_cache()
-        opaque = sorted(n for n in every.names if not n.startswith("aten::"))
-        return {"batch_variant_covered": list(result.covered), "batch_variant_uncovered": list(result.uncovered),
-                "opaque": opaque}
+        return found
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine core and the rank processes it started now, rather than at interpreter exit, where
+        nothing told them to go (a TP 2 worker then outlived the parent's grace period and was terminated)."""
+        with contextlib.suppress(Exception):
+            self.engine.engine_core.shutdown()
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())
@@ -509,36 +510,19 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
             h.remove()
 
 
-def _linear_kernels(engine: Any) -> dict[str, int]:
-    """How many layers run each linear kernel, read from the loaded model (vLLM's CPU backend binds one per
-    layer at load, `layer.cpu_linear`): the path production really takes, not the one it is expected to."""
-    try:
-        model = _find_model(engine)
-    except Exception:  # noqa: BLE001 - posture only: a layout this reader does not know is "unknown"
-        return {}
-    counts: Counter[str] = Counter()
-    for module in model.modules():
-        fn = getattr(module, "cpu_linear", None)
-        if fn is None:
-            continue
-        code = getattr(getattr(fn, "__code__", None), "co_names", ())
-        name = getattr(fn, "__name__", "")
-        if "onednn_mm" in code:
-            counts["oneDNN (_C::onednn_mm)"] += 1
-        elif "weight_packed_linear_cpu" in code:
-            counts["sgl-kernel weight_packed_linear"] += 1
-        elif "zentorch_linear_unary" in code:
-            counts["zentorch"] += 1
-        elif name == "linear" or "linear" in code:
-            counts["torch F.linear (aten mm)"] += 1
-        else:
-            counts[name or "other"] += 1
-    return dict(counts)
+def _agreed(values: list[Any]) -> Any:
+    """One value where every rank agrees, else each rank's value in rank order ("rank 0: x; rank 1: y")."""
+    if not values:
+        return "unknown"
+    if all(v == values[0] for v in values):
+        return values[0]
+    return "; ".join(f"rank {i}: {v}" for i, v in enumerate(values))
 
 
-def _posture(engine: Any, spec: WorkerSpec) -> dict[str, Any]:
-    """The settings vLLM resolved at start (`oracle.posture.FIELDS`), read from its `VllmConfig` and the loaded
-    model; whatever this vLLM version does not expose is "unknown"."""
+def _posture(engine: Any, spec: WorkerSpec, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The settings vLLM resolved at start (`oracle.posture.FIELDS`), read from its `VllmConfig` and, for what
+    only the processes that run the model know (device, attention backend, all-reduce, linear kernels), from
+    each rank's own report (`ranks`); whatever this vLLM version does not expose is "unknown", never guessed."""
     import os
 
     unknown = "unknown"
@@ -555,13 +539,8 @@ def _posture(engine: Any, spec: WorkerSpec) -> dict[str, Any]:
         return value if isinstance(value, (bool, int, float, str)) else str(value)
 
     device = text(read(cfg, "device_config", "device"))
-    backends: set[str] = set()
-    for layer in (read(cfg, "compilation_config", "static_forward_context") or {}).values() \
-            if isinstance(read(cfg, "compilation_config", "static_forward_context"), dict) else ():
-        backend: Any = getattr(layer, "attn_backend", None)
-        with contextlib.suppress(Exception):
-            backends.add(str(backend.get_name()))
-    attention = ", ".join(sorted(backends)) or unknown
+    # The ranks' attention layers (at TP > 1 this process holds none); one value where the ranks agree.
+    attention = _agreed([r.get("attention_backend", unknown) for r in ranks])
     fa_version = read(cfg, "attention_config", "flash_attn_version")
     if "FLASH_ATTN" in attention:
         with contextlib.suppress(Exception):
@@ -574,14 +553,11 @@ def _posture(engine: Any, spec: WorkerSpec) -> dict[str, Any]:
     sp = any(v for k, v in pass_flags.items() if k in ("enable_sp", "enable_sequence_parallelism")
              or "sequence_parallel" in k or "async_tp" in k or k == "fuse_gemm_comms")
     tp = read(cfg, "parallel_config", "tensor_parallel_size")
-    custom_ar = not read(cfg, "parallel_config", "disable_custom_all_reduce") if isinstance(tp, int) and tp > 1 \
-        else False
     spec_cfg = read(cfg, "speculative_config")
     sampler = "pytorch (vLLM's TopKTopPSampler)"
     if str(device).startswith("cuda"):
         sampler = "flashinfer (top-k/top-p)" if os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0" \
             else "pytorch (vLLM's TopKTopPSampler)"
-    linear = _linear_kernels(engine)
     keys = ("VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
             "VLLM_CPU_ATTN_SPLIT_KV", "CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "OMP_NUM_THREADS")
     return {
@@ -597,10 +573,11 @@ def _posture(engine: Any, spec: WorkerSpec) -> dict[str, Any]:
         "prefix_caching": text(read(cfg, "cache_config", "enable_prefix_caching")),
         "spec_decoding": "none" if spec_cfg in (unknown, None) else text(getattr(spec_cfg, "method", spec_cfg)),
         "tensor_parallel": text(tp), "pipeline_parallel": text(read(cfg, "parallel_config", "pipeline_parallel_size")),
-        "sequence_parallel": sp, "all_reduce": "custom all-reduce" if custom_ar else ("nccl" if tp != 1 else "none"),
+        "sequence_parallel": sp, "all_reduce": _agreed([r.get("all_reduce", unknown) for r in ranks]),
+        "rank_devices": [r.get("device", unknown) for r in ranks] or unknown,
         "sampler": sampler, "kv_cache_dtype": text(read(cfg, "cache_config", "cache_dtype")),
         "quantization": text(getattr(getattr(cfg, "model_config", None), "quantization", None) or "none"),
-        "linear_kernel": ", ".join(f"{k} x{n}" for k, n in sorted(linear.items())) or unknown,
+        "linear_kernel": _agreed([r.get("linear_kernel", unknown) for r in ranks]),
         "env": {k: os.environ[k] for k in keys if k in os.environ},
     }
 
@@ -615,6 +592,8 @@ def _threads() -> dict[str, Any]:
 
 
 def _reply(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, NotInForce):
+        return ("not_in_force", str(e))
     return ("config_error" if isinstance(e, WorkerConfigError) else "error", _report(e))
 
 
@@ -651,28 +630,18 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
         conn.send(("ok", result))
 
 
-@contextlib.contextmanager
-def _kernels(spec: WorkerSpec) -> Iterator[None]:
-    """oracle_kernels on for the worker's whole life when its mode asks for them (before vLLM loads)."""
-    if not spec.uses_oracle_kernels:
-        yield
-        return
-    import oracle_kernels
-
-    with oracle_kernels.batch_invariant():
-        yield
-
-
 def main(argv: Sequence[str]) -> int:
     conn = Connection(int(argv[0]))
     try:
         op, spec = conn.recv()
         if op != "start" or not isinstance(spec, WorkerSpec):
             raise ValueError(f"expected ('start', WorkerSpec), got {op!r}")
-        with _kernels(spec):
-            engine = WorkerEngine(spec)
+        engine = WorkerEngine(spec)
+        try:
             conn.send(("ready", engine.info))
             _serve(conn, engine)
+        finally:
+            engine.shutdown()
     except EOFError:
         return 1
     except BaseException as e:  # noqa: BLE001 - whatever stopped the start is the parent's error message

@@ -23,8 +23,8 @@ UNKNOWN = "unknown"
 FIELDS = (
     "engine", "engine_version", "device", "dtype", "invariance_mechanism", "attention_backend", "cuda_graphs",
     "compile_mode", "async_scheduling", "chunked_prefill", "prefix_caching", "spec_decoding", "tensor_parallel",
-    "pipeline_parallel", "sequence_parallel", "all_reduce", "sampler", "kv_cache_dtype", "quantization",
-    "linear_kernel", "env",
+    "pipeline_parallel", "sequence_parallel", "all_reduce", "rank_devices", "sampler", "kv_cache_dtype",
+    "quantization", "linear_kernel", "env",
 )
 
 # Environment variables that decide kernels, reductions or scheduling, read into `env`.
@@ -74,7 +74,8 @@ def _fill_native(out: dict[str, Any], described: dict[str, Any]) -> None:
         attention_backend="oracle_kernels fixed-split attention" if invariant else "native split-KV (splits by batch)",
         cuda_graphs="off" if cpu or not described.get("cuda_graphs") else "decode",
         compile_mode="none", async_scheduling=False, spec_decoding="none", tensor_parallel=1,
-        pipeline_parallel=1, sequence_parallel=False, all_reduce="none", sampler="native (oracle.engines.native.sampler)",
+        pipeline_parallel=1, sequence_parallel=False, all_reduce="none", rank_devices=[out["device"]],
+        sampler="native (oracle.engines.native.sampler)",
         kv_cache_dtype=out["dtype"], quantization="none",
         linear_kernel="oracle_kernels mm" if invariant else "torch default (aten mm)",
     )
@@ -131,15 +132,15 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
             invariance_mechanism=invariance if mode == "invariant" else "none",
             attention_backend=args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN)),
             async_scheduling=bool(args.get("async_scheduling", False)),
-            tensor_parallel=int(args.get("tensor_parallel_size", 1)),
-            pipeline_parallel=int(args.get("pipeline_parallel_size", 1)),
+            tensor_parallel=int(args.get("tensor_parallel_size", vllm.tensor_parallel_size)),
+            pipeline_parallel=int(args.get("pipeline_parallel_size", vllm.pipeline_parallel_size)),
             sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
                                    or passes.get("enable_async_tp")),
             spec_decoding="on" if args.get("speculative_config") else "none",
             kv_cache_dtype=args.get("kv_cache_dtype", UNKNOWN), quantization=args.get("quantization", UNKNOWN),
             cuda_graphs="off" if vllm.enforce_eager else UNKNOWN,
-            all_reduce="custom" if int(args.get("tensor_parallel_size", 1)) > 1
-            and not args.get("disable_custom_all_reduce") else "none",
+            # Which all-reduce the ranks use is read from them once they start, never guessed from the size.
+            all_reduce="none" if int(args.get("tensor_parallel_size", vllm.tensor_parallel_size)) == 1 else UNKNOWN,
             sampler=_vllm_sampler(env),
         )
     elif engine.kind == "native":
