@@ -557,18 +557,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
     `overrides` (dotted field -> value) replace the file's values; `flags` names the command-line
     option each came from (`{"schedule.trials": "--trials"}`), so an error in one blames the option.
     """
+    from oracle.files import read_regular
+
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a folder, not a config file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: config file is {size:,} bytes (at most {MAX_CONFIG_BYTES:,})")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from e
+    raw = read_regular(path, MAX_CONFIG_BYTES, "config file")  # a FIFO, a device, a huge file: exit 2 at once
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -49,13 +49,16 @@ _SAFE_VARS = {
     "CONTENT-TYPE", "ACCEPT",
 }
 _SAFE_PREFIXES = ("VLLM_", "ORACLE_KERNELS_", "SGLANG_", "TORCHINDUCTOR_", "TORCH_")
+# Every pattern below starts only where a run of the characters it scans begins (a lookbehind, not
+# `\b`): else each position inside a long word would start a scan to the word's end, and a 24 KB
+# word (a target's name, an engine's error) would take O(n^2), a minute. Linear time is tested by size.
 # Shapes of well-known tokens, wherever they appear.
 _TOKEN_SHAPES = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"(?<![A-Za-z0-9_])(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_\-]{16,}"
     r"|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_\-]{30,}"
-    r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})")
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s@/]+)(?=@)")
+    r"|(?<!-)eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})")
+_URL_PASSWORD = re.compile(r"(?P<head>(?<![a-zA-Z0-9+.\-])[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s@/]+)(?=@)")
 # `Authorization: Bearer X`, `Bearer X`, `api_key=X`, `"token": "X"`, `--api-key X` in free text.
 _AUTH_HEADER = re.compile(r"(?P<head>\b(?:proxy-)?authorization\b['\"]?\s*[:=]\s*['\"]?"
                           r"(?:(?:bearer|basic|token|digest)\s+)?)(?!(?:bearer|basic|token|digest)\b)(?P<secret>[^\s'\",}<]+)",
@@ -63,9 +66,9 @@ _AUTH_HEADER = re.compile(r"(?P<head>\b(?:proxy-)?authorization\b['\"]?\s*[:=]\s
 _BEARER = re.compile(r"(?P<head>\b(?:bearer|basic)\s+)(?P<secret>(?=[^\s]*[A-Za-z])[A-Za-z0-9._~+/\-]{8,}=*)",
                      re.IGNORECASE)
 _NAMED = re.compile(
-    r"(?P<head>(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)['\"]?\s*(?:=|:\s|:(?=['\"]))\s*['\"]?)"
+    r"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>[A-Za-z0-9_.\-]+)['\"]?\s*(?:=|:\s|:(?=['\"]))\s*['\"]?)"
     r"(?P<secret>[^\s'\",;&}\]<>)]+)")
-_FLAG_VALUE = re.compile(r"(?P<head>(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)\s+)(?P<secret>[^\s'\"-][^\s'\"]*)")
+_FLAG_VALUE = re.compile(r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)\s+)(?P<secret>[^\s'\"-][^\s'\"]*)")
 
 
 def hint(value: Any) -> str:

@@ -305,15 +305,10 @@ def load_report(path: Path) -> Report:
     nested too deeply or not an oracle report, and naming the field that is wrong."""
     from oracle.errors import ConfigError
 
+    from oracle.files import read_regular
+
     try:
-        if path.is_dir():
-            raise ConfigError(f"{path}: is a folder, not a report.json")
-        size = path.stat().st_size
-        if size > MAX_REPORT_BYTES:
-            raise ConfigError(f"{path}: report is {size:,} bytes (at most {MAX_REPORT_BYTES:,}); not an oracle report")
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read report ({e.strerror or e})") from e
+        data = json.loads(read_regular(path, MAX_REPORT_BYTES, "report.json").decode("utf-8"))
     except RecursionError as e:
         raise ConfigError(f"{path}: not an oracle report.json (JSON nested too deeply)") from e
     except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits

@@ -46,9 +46,9 @@ def _load(folder: Path) -> tuple[Report, ShardResults]:
     path = folder / "report.json"
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such shard folder")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: missing: the shard did not run, or this is not a shard's folder")
-    report = load_report(path)
+    report = load_report(path)  # bounded, regular files only (oracle.files)
     sh = report.shard
     if "index" not in sh or "count" not in sh:
         raise ConfigError(f"{path}: not a shard's report (`oracle run CONFIG --shard i/N` writes one)")
