@@ -46,16 +46,15 @@ def step_digests(c: Completion) -> list[str]:
 
 def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int, ...]],
                 environment: dict[str, Any], config_digest: str) -> dict[str, Any]:
-    from oracle.redaction import known_secrets, redact_tree, scrub_tree
+    from oracle.redaction import redact_document
 
-    found = set(known_secrets())
-    return {
+    return redact_document({
         "format": FORMAT,
         "config_digest": config_digest,
         # The invariant engine's posture digest (oracle.posture): equal digests, the same settings were tested.
         "posture_digest": (environment.get("posture") or {}).get("digests", {}).get("invariant"),
         # Golden files are committed: the engines' self-description (command lines, env) without secrets.
-        "environment": scrub_tree(redact_tree(environment, found), found),
+        "environment": environment,
         "targets": {
             name: {
                 "prompt_sha256": hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest(),
@@ -64,7 +63,7 @@ def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int,
             }
             for name, c in references.items()
         },
-    }
+    }, ("environment",))
 
 
 def write_golden(path: Path, golden: dict[str, Any]) -> None:

@@ -266,6 +266,39 @@ def scrub_tree(value: Any, secrets: Iterable[str] = ()) -> Any:
     return value
 
 
+def redact_document(data: dict[str, Any], structured: Iterable[str] = (), *, verbatim: Iterable[str] = (),
+                    secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The content of a file a run writes (report.json, shard-results.npz's meta, a golden file), without
+    secrets: the one path every such file goes through.
+
+    `structured`: dotted paths of the subtrees that are settings (the config, the environment, an
+    engine's description: `modes.*.engine`, `*` any key) redacted by structure (`redact_tree`: a key named
+    like a secret, an environment mapping's values, a command line's `--api-key X`); then every string
+    of the document is scrubbed (`scrub_text`) of the secret values found, of those `remember` was given
+    and of token-shaped text, except the subtrees named in `verbatim` (a report's config: redacted by
+    structure only, so that replay rebuilds it as it was)."""
+    found = {*secrets, *_KNOWN}
+    out = _copy(data)
+    for dotted in structured:
+        _map_at(out, dotted.split("."), lambda node: redact_tree(node, found))
+    kept = {k: out.pop(k) for k in verbatim if k in out}
+    out = scrub_tree(out, found)
+    out.update(kept)
+    return out  # type: ignore[no-any-return]
+
+
+def _map_at(node: Any, keys: list[str], fn: Any) -> None:
+    """Replace, in place, each value at the path `keys` below `node` (`*` matches every key) by fn(value)."""
+    if not isinstance(node, dict) or not keys:
+        return
+    head, rest = keys[0], keys[1:]
+    for k in (list(node) if head == "*" else [head] if head in node else []):
+        if rest:
+            _map_at(node[k], rest, fn)
+        else:
+            node[k] = fn(node[k])
+
+
 def redacted_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], str]]:
     """Where a redacted config holds hints: (path, the hint or the string that holds one)."""
     found: list[tuple[tuple[str | int, ...], str]] = []

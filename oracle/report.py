@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from oracle.redaction import redact_tree, scrub_text, scrub_tree
+from oracle.redaction import redact_document, redact_tree, scrub_text
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
@@ -249,13 +249,8 @@ class Report(_Model):
     def to_dict(self) -> dict[str, Any]:
         """report.json's content: secrets redacted (the config and environment by structure, every other
         string scrubbed of the config's secret values and of token-shaped text; oracle.redaction)."""
-        data = self.model_dump(mode="json")
-        secrets = set(self._secrets)
-        config = redact_tree(data.pop("config"), secrets)
-        environment = redact_tree(data.pop("environment"), secrets)
-        data = scrub_tree(data, secrets)
-        data["environment"] = scrub_tree(environment, secrets)
-        data["config"] = config
+        data = redact_document(self.model_dump(mode="json"), ("config", "environment"), verbatim=("config",),
+                               secrets=self._secrets)
         return {key: data[key] for key in type(self).model_fields} | {"exit_code": self.exit_code()}
 
     def to_json(self) -> str:
