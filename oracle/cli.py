@@ -61,14 +61,24 @@ def _setting(text: str) -> tuple[str, object]:
     """An argparse type: `FIELD=VALUE` -> (dotted field, VALUE parsed as a YAML scalar or flow value)."""
     import yaml
 
+    from oracle.config import MAX_SET_DEPTH, nesting_depth
+
     field, sep, raw = text.partition("=")
     names = field.split(".")
     if not sep or not all(n.isidentifier() for n in names):
-        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a dotted field name, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a dotted field name, got {text[:200]!r}")
+    if len(names) > MAX_SET_DEPTH:
+        raise argparse.ArgumentTypeError(f"{field[:80]}...: {len(names):,} names deep (at most {MAX_SET_DEPTH})")
     try:
         value = yaml.safe_load(raw) if raw.strip() else raw
+        depth = nesting_depth(value)
     except yaml.YAMLError as e:
         raise argparse.ArgumentTypeError(f"{field}: VALUE is not YAML ({e})") from e
+    except RecursionError:
+        depth = MAX_SET_DEPTH + len(names) + 1
+    if depth + len(names) > MAX_SET_DEPTH:
+        raise argparse.ArgumentTypeError(f"{field}: VALUE is nested too deeply (a field at most {MAX_SET_DEPTH} "
+                                         "levels deep, its name included)")
     return field, value
 
 

@@ -7,6 +7,7 @@ checkout they are the repository's `configs/` folder beside the package.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from oracle.errors import ConfigError
@@ -46,12 +47,26 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     text = example_text(chosen)
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the config file to write")
+    if path.is_symlink() and not force:  # dangling or not: writing through it would write where it points
+        raise ConfigError(f"{path}: is a symbolic link (to {os.readlink(path)}); give the file's own path, or "
+                          "pass --force to replace the link itself")
     if path.exists() and not force:
         raise ConfigError(f"{path}: already exists; pass --force to overwrite it")
     header = f"# Written by `oracle config init` from the example {chosen}.yaml; `oracle run {path}` runs it.\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + text, encoding="utf-8")
+        # A new name, then a rename over `path`: never through a link that appears meanwhile (O_EXCL), and
+        # with --force the link itself is replaced, not the file it points to.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(header + text)
+        try:
+            if not force and (path.exists() or path.is_symlink()):
+                raise ConfigError(f"{path}: already exists; pass --force to overwrite it")
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the config ({e.strerror or e})") from e
     return chosen
