@@ -203,6 +203,11 @@ def _run(args: argparse.Namespace) -> int:
                                                                                           str(guard.seed)]
             return supervise.run_child(argv, guard.report, report_dir)
     with RunGuard(config, report_dir, args.seed, blame=blame, announce=not supervise.is_child()) as guard:
+        # torch's import runs C++ that calls back into Python (torch.distributed's init): a signal raised
+        # there aborts the process (C++ terminate). Held until the import is whole, it stops the run as
+        # any signal does: a partial report and 130/143.
+        with signals.deferred():
+            import torch  # noqa: F401
         from oracle.render.console import ConsoleObserver, make_console, print_summary
         from oracle.render.files import write_formats
         from oracle.runner import run
@@ -358,7 +363,7 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
 
     if supervision.is_child():
         supervision.watch_parent()
-    with signals.handled():
+    with signals.handled(ignore_when_settled=supervise):
         # A signal while the arguments are read is held and raised inside the `try` below, where
         # `oracle run` still replaces an earlier run's report before it stops.
         signals.hold()
