@@ -299,7 +299,6 @@ def load_report(path: Path) -> Report:
     """Read a report.json; ConfigError (exit 2) naming the file when it is missing, too large, not JSON,
     nested too deeply or not an oracle report, and naming the field that is wrong."""
     from oracle.errors import ConfigError
-
     from oracle.files import read_regular
 
     try:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
+from test_openai_engine import _stubs, _url
 
 from oracle.cli import main
 from oracle.trust import replay_command
-from test_openai_engine import _stubs, _url
 
 KEY = "sk-user-own-key-0123456789abcdef"
 

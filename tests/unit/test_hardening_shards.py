@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from test_secrets import SECRETS, secret_config
 
 from oracle.cli import main
 from oracle.config import parse_config
@@ -22,7 +22,6 @@ from oracle.errors import ConfigError
 from oracle.runner import run
 from oracle.shards.merge import merge
 from oracle.shards.results import RESULTS_FILE, load_results
-from test_secrets import SECRETS, secret_config
 
 SUPPORT = Path(__file__).parents[1] / "support"
 
