@@ -61,14 +61,24 @@ def _setting(text: str) -> tuple[str, object]:
     """An argparse type: `FIELD=VALUE` -> (dotted field, VALUE parsed as a YAML scalar or flow value)."""
     import yaml
 
+    from oracle.config import MAX_SET_DEPTH, nesting_depth
+
     field, sep, raw = text.partition("=")
     names = field.split(".")
     if not sep or not all(n.isidentifier() for n in names):
-        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a dotted field name, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a dotted field name, got {text[:200]!r}")
+    if len(names) > MAX_SET_DEPTH:
+        raise argparse.ArgumentTypeError(f"{field[:80]}...: {len(names):,} names deep (at most {MAX_SET_DEPTH})")
     try:
         value = yaml.safe_load(raw) if raw.strip() else raw
+        depth = nesting_depth(value)
     except yaml.YAMLError as e:
         raise argparse.ArgumentTypeError(f"{field}: VALUE is not YAML ({e})") from e
+    except RecursionError:
+        depth = MAX_SET_DEPTH + len(names) + 1
+    if depth + len(names) > MAX_SET_DEPTH:
+        raise argparse.ArgumentTypeError(f"{field}: VALUE is nested too deeply (a field at most {MAX_SET_DEPTH} "
+                                         "levels deep, its name included)")
     return field, value
 
 
@@ -202,6 +212,11 @@ def _run(args: argparse.Namespace) -> int:
                                                                                           str(guard.seed)]
             return supervise.run_child(argv, guard.report, report_dir)
     with RunGuard(config, report_dir, args.seed, blame=blame, announce=not supervise.is_child()) as guard:
+        # torch's import runs C++ that calls back into Python (torch.distributed's init): a signal raised
+        # there aborts the process (C++ terminate). Held until the import is whole, it stops the run as
+        # any signal does: a partial report and 130/143.
+        with signals.deferred():
+            import torch  # noqa: F401
         from oracle.render.console import ConsoleObserver, make_console, print_summary
         from oracle.render.files import write_formats
         from oracle.runner import run
@@ -360,7 +375,7 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
 
     if supervision.is_child():
         supervision.watch_parent()
-    with signals.handled():
+    with signals.handled(ignore_when_settled=supervise):
         # A signal while the arguments are read is held and raised inside the `try` below, where
         # `oracle run` still replaces an earlier run's report before it stops.
         signals.hold()

@@ -41,6 +41,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # What a config file may be: its size, YAML aliases (an alias bomb expands exponentially) and nodes
 # once aliases are expanded.
 MAX_CONFIG_BYTES = 8 << 20
+MAX_SET_DEPTH = 64  # `--set a.b.c=VALUE`: names plus VALUE's nesting (a config is a few levels deep)
 MAX_YAML_ALIASES = 1000
 MAX_YAML_NODES = 1_000_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -566,18 +567,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
     `overrides` (dotted field -> value) replace the file's values; `flags` names the command-line
     option each came from (`{"schedule.trials": "--trials"}`), so an error in one blames the option.
     """
+    from oracle.files import read_regular
+
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a folder, not a config file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: config file is {size:,} bytes (at most {MAX_CONFIG_BYTES:,})")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from e
+    raw = read_regular(path, MAX_CONFIG_BYTES, "config file")  # a FIFO, a device, a huge file: exit 2 at once
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -686,16 +679,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
         field = ".".join(loc) or "<root>"
         msg = _error_text(err)
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        flag = next((f for dotted, f in (flags or {}).items() if field == dotted or field.startswith(dotted + ".")),
-                    None)
+        # The flag whose field is the error's, below it (a wrong value inside it) or above it (`--set foo.bar=1`:
+        # the section `foo` is unknown).
+        flag = next(((f, dotted) for dotted, f in (flags or {}).items()
+                     if field == dotted or field.startswith(dotted + ".") or dotted.startswith(field + ".")), None)
         if flag is not None:
-            raise ConfigError(f"{flag}: {msg} (got {err.get('input')!r})") from e
+            at = "" if flag[1] == field else f"{field}: "
+            raise ConfigError(f"{flag[0]}: {at}{msg} (got {_shown_input(err.get('input'))})") from e
         line = _line_of(text, err["loc"]) if text else None
         where = f"{source}:{line}" if line else source
         raise ConfigError(f"{where}: {field}: {msg}{more}") from e
     config._source, config._text, config._flags = source, text, dict(flags or {})
     _cross_check(config)
     return config
+
+
+def _shown_input(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _error_text(err: Any) -> str:
@@ -754,6 +755,17 @@ def _cross_check(config: Config) -> None:
                            f"({e.max_num_seqs}): a trial would not fit one forward pass")
     if e.kind == "native" and e.options_as(NativeOptions).cuda_graphs and not e.device.startswith("cuda"):
         raise config.error(("engine", "options", "cuda_graphs"), f"needs a CUDA device, not engine.device {e.device!r}")
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels of lists and mappings in `value` (0 for a scalar), counted without recursion."""
+    depth, level = 0, [(value, 0)]
+    while level:
+        node, d = level.pop()
+        if isinstance(node, (list, dict)):
+            depth = max(depth, d + 1)
+            level.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return depth
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -7,6 +7,7 @@ checkout they are the repository's `configs/` folder beside the package.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,8 @@ def default_path(name: str | None) -> Path:
 
 def write_example(path: Path, *, engine: str | None = None, name: str | None = None, force: bool = False) -> str:
     """Write the example for `engine` (or the example `name`; default: the native engine's) to `path`, and
-    the files a file example needs beside it; refuses to overwrite any file unless `force`. Returns the
-    example's name."""
+    the files a file example needs beside it; refuses to overwrite any file (or to write through a symbolic
+    link) unless `force`. Returns the example's name."""
     chosen = name or BY_ENGINE[engine or "native"]
     text = example_text(chosen)
     extra = FILE_EXAMPLES.get(chosen, FileExample(""))
@@ -87,6 +88,9 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
         raise ConfigError(f"{path}: is a folder; give the file to write")
     targets = {path: text, **{path.parent / f: (files_dir() / f).read_text(encoding="utf-8") for f in extra.beside}}
     for target in targets:
+        if target.is_symlink() and not force:  # dangling or not: writing through it would write where it points
+            raise ConfigError(f"{target}: is a symbolic link (to {os.readlink(target)}); give the file's own "
+                              "path, or pass --force to replace the link itself")
         if target.exists() and not force:
             raise ConfigError(f"{target}: already exists; pass --force to overwrite it")
     if extra.is_config:
@@ -95,7 +99,22 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for target, content in targets.items():
-            target.write_text(content, encoding="utf-8")
+            _write_new(target, content, force)
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the example ({e.strerror or e})") from e
     return chosen
+
+
+def _write_new(path: Path, content: str, force: bool) -> None:
+    """A new name, then a rename over `path`: never through a link that appears meanwhile (O_EXCL), and with
+    `force` the link itself is replaced, not the file it points to."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "x", encoding="utf-8") as f:
+        f.write(content)
+    try:
+        if not force and (path.exists() or path.is_symlink()):
+            raise ConfigError(f"{path}: already exists; pass --force to overwrite it")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -19,6 +19,7 @@ from oracle.engines.contract import Completion
 from oracle.errors import ConfigError
 
 FORMAT = "oracle-golden/1"
+MAX_GOLDEN_BYTES = 256 << 20  # a digest per step per target: far more than any run writes
 
 
 def golden_path(config: Config) -> Path | None:
@@ -45,16 +46,15 @@ def step_digests(c: Completion) -> list[str]:
 
 def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int, ...]],
                 environment: dict[str, Any], config_digest: str) -> dict[str, Any]:
-    from oracle.redaction import known_secrets, redact_tree, scrub_tree
+    from oracle.redaction import redact_document
 
-    found = set(known_secrets())
-    return {
+    return redact_document({
         "format": FORMAT,
         "config_digest": config_digest,
         # The invariant engine's posture digest (oracle.posture): equal digests, the same settings were tested.
         "posture_digest": (environment.get("posture") or {}).get("digests", {}).get("invariant"),
         # Golden files are committed: the engines' self-description (command lines, env) without secrets.
-        "environment": scrub_tree(redact_tree(environment, found), found),
+        "environment": environment,
         "targets": {
             name: {
                 "prompt_sha256": hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest(),
@@ -63,7 +63,7 @@ def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int,
             }
             for name, c in references.items()
         },
-    }
+    }, ("environment",))
 
 
 def write_golden(path: Path, golden: dict[str, Any]) -> None:
@@ -74,10 +74,12 @@ def write_golden(path: Path, golden: dict[str, Any]) -> None:
 
 
 def read_golden(path: Path) -> dict[str, Any]:
+    from oracle.files import read_regular
+
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise ConfigError(f"checks.golden.file: cannot read {path} ({e.strerror}); write it with `oracle record`") from e
+        data = json.loads(read_regular(path, MAX_GOLDEN_BYTES, "golden file").decode("utf-8"))
+    except ConfigError as e:  # missing, a FIFO or a device (/dev/zero), over the bound
+        raise ConfigError(f"checks.golden.file: {e}; write it with `oracle record`") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"checks.golden.file: {path} is not valid JSON ({e.msg})") from e
     except (UnicodeDecodeError, RecursionError, ValueError) as e:  # not UTF-8, nested too deeply, huge numbers

@@ -89,6 +89,9 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     model_dir = resolve_model(config)
     plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
                 vocab_size_of(model_dir))
+    if not 0 <= trial.target < len(plan.targets):  # a hand-edited trial: exit 2 naming it, as replay says
+        raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
+                          f"{len(plan.targets)}")
     engine = start_engine(config.engine, model_dir, mode)
     try:
         if not can_localize(engine):  # a capability the engine does not declare: not an engine failure

@@ -38,8 +38,12 @@ class Target:
 def vocab_size_of(model_dir: Path) -> int:
     """config.json's `vocab_size`: an integer in [1, MAX_VOCAB], else ModelError naming the file."""
     path = model_dir / "config.json"
+    from oracle.files import MIB, read_regular
+
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(read_regular(path, 16 * MIB, "model config").decode("utf-8"))
+    except ConfigError as e:  # a FIFO or a device in the model's place, or an absurd size
+        raise ModelError(str(e)) from e
     except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, an absurd number
         raise ModelError(f"{path}: cannot read vocab_size ({_reason(e)})") from e
     if not isinstance(data, dict) or "vocab_size" not in data:
@@ -138,7 +142,9 @@ def _from_jsonl(path: Path, model_dir: Path) -> list[Target]:
     names: dict[str, int] = {}
     read = 0
     try:
-        with path.open("rb") as f:
+        from oracle.files import open_regular
+
+        with open_regular(path, MAX_PROMPTS_BYTES, "prompts file") as f:
             for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
                 where = f"{path}:{n}"
                 read += len(raw)

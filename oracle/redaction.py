@@ -49,13 +49,16 @@ _SAFE_VARS = {
     "CONTENT-TYPE", "ACCEPT",
 }
 _SAFE_PREFIXES = ("VLLM_", "ORACLE_KERNELS_", "SGLANG_", "TORCHINDUCTOR_", "TORCH_")
+# Every pattern below starts only where a run of the characters it scans begins (a lookbehind, not
+# `\b`): else each position inside a long word would start a scan to the word's end, and a 24 KB
+# word (a target's name, an engine's error) would take O(n^2), a minute. Linear time is tested by size.
 # Shapes of well-known tokens, wherever they appear.
 _TOKEN_SHAPES = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"(?<![A-Za-z0-9_])(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_\-]{16,}"
     r"|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_\-]{30,}"
-    r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})")
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s@/]+)(?=@)")
+    r"|(?<!-)eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})")
+_URL_PASSWORD = re.compile(r"(?P<head>(?<![a-zA-Z0-9+.\-])[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?P<secret>[^\s@/]+)(?=@)")
 # `Authorization: Bearer X`, `Bearer X`, `api_key=X`, `"token": "X"`, `--api-key X` in free text.
 _AUTH_HEADER = re.compile(r"(?P<head>\b(?:proxy-)?authorization\b['\"]?\s*[:=]\s*['\"]?"
                           r"(?:(?:bearer|basic|token|digest)\s+)?)(?!(?:bearer|basic|token|digest)\b)(?P<secret>[^\s'\",}<]+)",
@@ -63,9 +66,9 @@ _AUTH_HEADER = re.compile(r"(?P<head>\b(?:proxy-)?authorization\b['\"]?\s*[:=]\s
 _BEARER = re.compile(r"(?P<head>\b(?:bearer|basic)\s+)(?P<secret>(?=[^\s]*[A-Za-z])[A-Za-z0-9._~+/\-]{8,}=*)",
                      re.IGNORECASE)
 _NAMED = re.compile(
-    r"(?P<head>(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)['\"]?\s*(?:=|:\s|:(?=['\"]))\s*['\"]?)"
+    r"(?P<head>(?<![A-Za-z0-9_.\-])(?P<name>[A-Za-z0-9_.\-]+)['\"]?\s*(?:=|:\s|:(?=['\"]))\s*['\"]?)"
     r"(?P<secret>[^\s'\",;&}\]<>)]+)")
-_FLAG_VALUE = re.compile(r"(?P<head>(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)\s+)(?P<secret>[^\s'\"-][^\s'\"]*)")
+_FLAG_VALUE = re.compile(r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>--?[A-Za-z][A-Za-z0-9_\-]*)\s+)(?P<secret>[^\s'\"-][^\s'\"]*)")
 
 
 def hint(value: Any) -> str:
@@ -261,6 +264,39 @@ def scrub_tree(value: Any, secrets: Iterable[str] = ()) -> Any:
     if isinstance(value, list):
         return [scrub_tree(v, known) for v in value]
     return value
+
+
+def redact_document(data: dict[str, Any], structured: Iterable[str] = (), *, verbatim: Iterable[str] = (),
+                    secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The content of a file a run writes (report.json, shard-results.npz's meta, a golden file), without
+    secrets: the one path every such file goes through.
+
+    `structured`: dotted paths of the subtrees that are settings (the config, the environment, an
+    engine's description: `modes.*.engine`, `*` any key) redacted by structure (`redact_tree`: a key named
+    like a secret, an environment mapping's values, a command line's `--api-key X`); then every string
+    of the document is scrubbed (`scrub_text`) of the secret values found, of those `remember` was given
+    and of token-shaped text, except the subtrees named in `verbatim` (a report's config: redacted by
+    structure only, so that replay rebuilds it as it was)."""
+    found = {*secrets, *_KNOWN}
+    out = _copy(data)
+    for dotted in structured:
+        _map_at(out, dotted.split("."), lambda node: redact_tree(node, found))
+    kept = {k: out.pop(k) for k in verbatim if k in out}
+    out = scrub_tree(out, found)
+    out.update(kept)
+    return out  # type: ignore[no-any-return]
+
+
+def _map_at(node: Any, keys: list[str], fn: Any) -> None:
+    """Replace, in place, each value at the path `keys` below `node` (`*` matches every key) by fn(value)."""
+    if not isinstance(node, dict) or not keys:
+        return
+    head, rest = keys[0], keys[1:]
+    for k in (list(node) if head == "*" else [head] if head in node else []):
+        if rest:
+            _map_at(node[k], rest, fn)
+        else:
+            node[k] = fn(node[k])
 
 
 def redacted_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], str]]:

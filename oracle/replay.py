@@ -7,8 +7,11 @@ candidates included: they are trials of the report like any other).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oracle.compare import Divergence, first_divergence
 from oracle.config import Config, parse_config
@@ -39,6 +42,34 @@ def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple
     return Trial.from_json(row.model_dump()), recorded
 
 
+def named_server(config: Mapping[str, Any]) -> str | None:
+    """The server a report's config sends requests to, named by the report (an openai engine's
+    `base_url`), or None (the engine runs here, or the config starts its server: `command`, gated as code)."""
+    engine = config.get("engine")
+    options = engine.get("options") if isinstance(engine, Mapping) else None
+    if not isinstance(engine, Mapping) or engine.get("kind") != "openai" or not isinstance(options, Mapping):
+        return None
+    url = options.get("base_url")
+    if isinstance(url, Mapping):
+        url = ", ".join(str(v) for v in url.values() if v)
+    return str(url) if url else None
+
+
+def credentials_sent(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """What of the user's environment a re-run of `config` would send to its named server: each redacted
+    field (restored from the environment) and OPENAI_API_KEY, which the openai engine sends when the
+    config gives no api_key."""
+    from oracle.redaction import redacted_paths
+
+    if named_server(config) is None:
+        return []
+    sent = [".".join(str(p) for p in path) for path, _ in redacted_paths(config)]
+    options = config["engine"]["options"]
+    if not options.get("api_key") and environ.get("OPENAI_API_KEY"):
+        sent.append("OPENAI_API_KEY")
+    return sent
+
+
 def report_config(report: Report, source: Path, *, trusted: bool) -> Config:
     """The report's config, to run again: refused (ConfigError, exit 2, naming the fields) when it would
     load or run code (oracle.trust) and `trusted` is off; the secrets redacted when it was written are
@@ -48,6 +79,14 @@ def report_config(report: Report, source: Path, *, trusted: bool) -> Config:
     from oracle.trust import require_trust
 
     require_trust(source, report.config, trusted)
+    # A credential never goes to a server that only a report names: the report may come from someone
+    # else's CI and its base_url be their server. Refused rather than sent without a key: a run without
+    # it would fail at the server (or reach another tier of it) and read as the server's fault.
+    sent = credentials_sent(report.config, os.environ)
+    if sent and not trusted:
+        raise ConfigError(f"{source}: its config sends requests to {named_server(report.config)} "
+                          f"(engine.options.base_url, named by the report) with credentials from your environment "
+                          f"({', '.join(sent)}); pass --trust-report if you trust where this report came from")
     return parse_config(restore_secrets(report.config, source=str(source)), source=str(source))
 
 
@@ -65,7 +104,7 @@ def replay(report_path: Path, trial_id: int, mode: Mode | None = None, *, truste
     model_dir = resolve_model(config)
     plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
                 vocab_size_of(model_dir))
-    if trial.target >= len(plan.targets):
+    if not 0 <= trial.target < len(plan.targets):
         raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
                           f"{len(plan.targets)}")
     from oracle.lifecycle.watchdog import start_engine

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from oracle.redaction import redact_tree, scrub_text, scrub_tree
+from oracle.redaction import redact_document, redact_tree, scrub_text
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
@@ -249,13 +249,8 @@ class Report(_Model):
     def to_dict(self) -> dict[str, Any]:
         """report.json's content: secrets redacted (the config and environment by structure, every other
         string scrubbed of the config's secret values and of token-shaped text; oracle.redaction)."""
-        data = self.model_dump(mode="json")
-        secrets = set(self._secrets)
-        config = redact_tree(data.pop("config"), secrets)
-        environment = redact_tree(data.pop("environment"), secrets)
-        data = scrub_tree(data, secrets)
-        data["environment"] = scrub_tree(environment, secrets)
-        data["config"] = config
+        data = redact_document(self.model_dump(mode="json"), ("config", "environment"), verbatim=("config",),
+                               secrets=self._secrets)
         return {key: data[key] for key in type(self).model_fields} | {"exit_code": self.exit_code()}
 
     def to_json(self) -> str:
@@ -304,16 +299,10 @@ def load_report(path: Path) -> Report:
     """Read a report.json; ConfigError (exit 2) naming the file when it is missing, too large, not JSON,
     nested too deeply or not an oracle report, and naming the field that is wrong."""
     from oracle.errors import ConfigError
+    from oracle.files import read_regular
 
     try:
-        if path.is_dir():
-            raise ConfigError(f"{path}: is a folder, not a report.json")
-        size = path.stat().st_size
-        if size > MAX_REPORT_BYTES:
-            raise ConfigError(f"{path}: report is {size:,} bytes (at most {MAX_REPORT_BYTES:,}); not an oracle report")
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read report ({e.strerror or e})") from e
+        data = json.loads(read_regular(path, MAX_REPORT_BYTES, "report.json").decode("utf-8"))
     except RecursionError as e:
         raise ConfigError(f"{path}: not an oracle report.json (JSON nested too deeply)") from e
     except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits

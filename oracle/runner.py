@@ -89,7 +89,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     plan = plan_run(config, seed)
     db = ExampleDB.open(example_db, config) if example_db is not None else None
     if db is not None:
-        plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials)))
+        plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials), plan.trials))
     if shard is not None:
         from oracle.shards.assign import slice_plan
 
@@ -108,6 +108,8 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     out_dir = report_dir or Path(config.report_dir)
     # Known hazards of the posture the config asks for, said before any engine starts.
     for line in declared_hazards(plan):
+        observer.warn(line)
+    for line in db.warnings if db is not None else ():  # stored trials dropped (oracle.example_db)
         observer.warn(line)
     results: dict[Mode, ModeResult] = {}
     build = engine_builder(plan)
@@ -133,7 +135,10 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         finish(plan, results, report)
         report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
         if db is not None:
+            said = len(db.warnings)
             update_db(db, plan, results.get("invariant"), report)
+            for line in db.warnings[said:]:  # trials that could not be saved (a read-only folder)
+                observer.warn(line)
         if plan.shard is not None:
             from oracle.shards.results import save_results
 

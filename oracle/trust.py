@@ -50,7 +50,9 @@ def require_trust(report_path: Path, config: Mapping[str, Any], trusted: bool) -
 
 
 def replay_command(report_path: str | Path, trial_id: int, config: Mapping[str, Any], verb: str = "replay") -> str:
-    """The command that re-runs a trial of this report; with --trust-report where its config loads code
-    (the user's own run: they wrote that config)."""
-    flag = " --trust-report" if code_loading_fields(config) else ""
+    """The command that re-runs a trial of this report; with --trust-report where its config loads code or
+    sends credentials to the server it names (the user's own run: they wrote that config)."""
+    from oracle.replay import named_server
+
+    flag = " --trust-report" if code_loading_fields(config) or named_server(config) else ""
     return f"oracle {verb} {report_path} --trial {trial_id}{flag}"

@@ -103,9 +103,13 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
         return
     if report_dir_problem(folder) is not None:
         return
-    try:
-        raw = config_path.read_bytes()
-    except OSError:
+    from oracle.config import MAX_CONFIG_BYTES
+    from oracle.errors import ConfigError
+    from oracle.files import read_regular
+
+    try:  # bounded and regular-only: the config that failed may be a FIFO or a device
+        raw = read_regular(config_path, MAX_CONFIG_BYTES, "config file")
+    except ConfigError:
         raw = b""
     report = Report(oracle_version=__version__, seed=0, config={"source": str(config_path)},
                     config_digest=hashlib.sha256(raw).hexdigest(), environment=light_environment())
@@ -126,7 +130,10 @@ def _report_dir_of(config_path: Path) -> Path:
     try:
         import yaml
 
-        data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        from oracle.config import MAX_CONFIG_BYTES
+        from oracle.files import read_regular
+
+        data = yaml.safe_load(read_regular(config_path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
     except Exception:  # unreadable or malformed: the error being reported says so
         return default
     value = data.get("report_dir") if isinstance(data, dict) else None

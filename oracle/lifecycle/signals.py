@@ -75,11 +75,16 @@ def restore(previous: dict[int, Any]) -> None:
 
 
 @contextmanager
-def handled() -> Iterator[None]:
+def handled(ignore_when_settled: bool = False) -> Iterator[None]:
+    """Route SIGINT/SIGTERM to `Interrupted` in the block. `ignore_when_settled`: the process exits right
+    after the block (the console script), so once the final report is written the signals stay ignored
+    rather than restored to the default action, which would kill it with 143 after a report that says 0."""
     previous = install()
     try:
         yield
     finally:
+        if ignore_when_settled and _settled and threading.current_thread() is threading.main_thread():
+            previous = {s: signal.SIG_IGN for s in previous}
         restore(previous)
 
 
@@ -115,6 +120,10 @@ def deferred(raise_after: bool = True) -> Iterator[None]:
     except BaseException:
         release(raise_held=False)
         raise
+    if not raise_after and _defer_depth == 1:
+        # The final report is whole on disk: from here on a signal would make the exit code disagree
+        # with it (143 for a report that says 0), so it is ignored, as after `settle()`.
+        settle()
     release(raise_after)
 
 

@@ -129,6 +129,9 @@ def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[
     from oracle.report import EXIT_ENGINE
     report = _final(report_dir / "report.json")
     if report is not None:
+        from oracle.lifecycle import signals
+
+        signals.settle()  # the code returned is the report's: a signal from now on cannot change it
         return report.exit_code()
     if signalled:
         code = 128 + signalled[0]

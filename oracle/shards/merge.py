@@ -46,9 +46,9 @@ def _load(folder: Path) -> tuple[Report, ShardResults]:
     path = folder / "report.json"
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such shard folder")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: missing: the shard did not run, or this is not a shard's folder")
-    report = load_report(path)
+    report = load_report(path)  # bounded, regular files only (oracle.files)
     sh = report.shard
     if "index" not in sh or "count" not in sh:
         raise ConfigError(f"{path}: not a shard's report (`oracle run CONFIG --shard i/N` writes one)")
@@ -68,11 +68,21 @@ def _same_run(folders: Sequence[Path], loaded: Sequence[tuple[Report, ShardResul
     first, (r0, s0) = folders[0], loaded[0]
     for folder, (r, s) in zip(folders[1:], loaded[1:], strict=True):
         for what, a, b in (("oracle version", r0.oracle_version, r.oracle_version), ("seed", r0.seed, r.seed),
-                           ("config digest", r0.config_digest[:12], r.config_digest[:12]),
                            ("shard count", s0.shard.count, s.shard.count)):
             if a != b:
                 raise ConfigError(f"{folder}: shard {s.shard.name} has {what} {b}, {first} has {a}: "
                                   "shards of different runs")
+        if r.config_digest != r0.config_digest:
+            differ = [f for f in config_differences(r0.config, r.config) if f not in WHERE_FIELDS]
+            if differ or not config_differences(r0.config, r.config):
+                # Nothing differs but a redacted value: a secret of the two configs differs.
+                shown = ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else "") if differ else \
+                    "a redacted secret (the reports show neither)"
+                raise ConfigError(f"{folder}: shard {s.shard.name}'s config differs from {first}'s in {shown} "
+                                  f"(config digest {r.config_digest[:12]}, {r0.config_digest[:12]}): shards of "
+                                  "different runs")
+            # Only where the config was read from differs (shards run from two working folders): the same run
+            # when the schedule, the targets and the references agree bitwise, which the merge checks next.
         if s.shard.schedule != s0.shard.schedule or s.targets != s0.targets:
             raise ConfigError(f"{folder}: shard {s.shard.name}'s schedule or targets differ from {first}'s")
     seen: dict[int, Path] = {}
@@ -85,6 +95,19 @@ def _same_run(folders: Sequence[Path], loaded: Sequence[tuple[Report, ShardResul
     if missing:
         names = ", ".join(f"{i}/{count}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise ConfigError(f"shard {names} missing: a merge needs all {count} shards ({len(seen)} given)")
+
+
+# Config fields that say only where the config was read from: shards of one run made in two working
+# folders differ there (and in nothing else, or they are two runs).
+WHERE_FIELDS = frozenset({"base_dir"})
+
+
+def config_differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields whose values differ between two (redacted) configs."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [f for k in sorted(set(a) | set(b), key=str)
+                for f in config_differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".") or "<config>"]
 
 
 def _whole(folder: Path, config: Config, s: ShardResults) -> None:
@@ -197,6 +220,28 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     return inv
 
 
+def _replace_earlier_report(out_dir: Path, folders: Sequence[Path], e: BaseException) -> None:
+    """A merge refused before it judged anything: an earlier merge's report in `out_dir` must not read as
+    this merge's, so it is replaced by one that says why this merge stopped (exit 2, or 130/143)."""
+    import hashlib
+
+    from oracle import __version__
+    from oracle.lifecycle.run_guard import light_environment
+    from oracle.render.files import write_report
+
+    if not (out_dir / "report.json").exists():
+        return
+    sources = [str(f) for f in folders]
+    report = Report(oracle_version=__version__, seed=0, config={"merge": sources},
+                    config_digest=hashlib.sha256("\0".join(sources).encode()).hexdigest(),
+                    environment=light_environment())
+    report.mark_stopped(e)
+    try:
+        write_report(report, out_dir)
+    except OSError:
+        return
+
+
 def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None = None,
           views: Sequence[View] = (), trusted: bool = False) -> Report:
     """Merge the shard folders into `out_dir/report.json` (and the views' formats); ConfigError (exit 2)
@@ -210,14 +255,21 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
     resolved = {f.resolve() for f in folders}
     if out_dir.resolve() in resolved:
         raise ConfigError(f"--report-dir: {out_dir} is a shard's folder; merge into another one")
-    loaded = [_load(f) for f in folders]
-    _same_run(folders, loaded)
-    r0, s0 = min(loaded, key=lambda x: x[1].shard.index)
-    path0 = folders[[s.shard.index for _, s in loaded].index(s0.shard.index)] / "report.json"
-    config = _config_of(r0, path0)
-    for folder, (_, s) in zip(folders, loaded, strict=True):
-        _whole(folder, config, s)
-    _same_references(folders, [s for _, s in loaded])
+    from oracle.render.files import check_report_dir
+
+    check_report_dir(out_dir, "--report-dir")  # a file, or a folder under a file: exit 2 before any shard is read
+    try:
+        loaded = [_load(f) for f in folders]
+        _same_run(folders, loaded)
+        r0, s0 = min(loaded, key=lambda x: x[1].shard.index)
+        path0 = folders[[s.shard.index for _, s in loaded].index(s0.shard.index)] / "report.json"
+        config = _config_of(r0, path0)
+        for folder, (_, s) in zip(folders, loaded, strict=True):
+            _whole(folder, config, s)
+        _same_references(folders, [s for _, s in loaded])
+    except (ConfigError, KeyboardInterrupt) as e:
+        _replace_earlier_report(out_dir, folders, e)
+        raise
 
     report = Report(oracle_version=r0.oracle_version, seed=r0.seed, config=dict(r0.config),
                     config_digest=r0.config_digest, environment=dict(r0.environment))
