@@ -150,8 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     ci = csub.add_parser("init", help="write a working example config to start from (default: oracle.yaml)")
     ci.add_argument("path", nargs="?", type=Path, default=None, help="the file to write (default: oracle.yaml)")
     pick = ci.add_mutually_exclusive_group()
-    pick.add_argument("--engine", choices=["native", "vllm", "openai", "transformers"], default=None,
-                      help="the engine's example (default: native, a tiny model on the CPU)")
+    # The kinds are the engine rows' (oracle.engines.kinds), checked when the example is written: --help
+    # stays instant, without the config's models.
+    pick.add_argument("--engine", default=None, metavar="KIND",
+                      help="the example of a built-in engine kind (default: native, a tiny model on the CPU; "
+                           "an unknown kind's error lists them)")
     pick.add_argument("--example", default=None, help="a shipped example by name (tiny, gpu, server, vllm-gpu, ...)")
     ci.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     return p

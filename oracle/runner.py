@@ -38,10 +38,12 @@ View = Callable[[Report, Path], Any]
 def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
     picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
-    from oracle.instances import instance_config
+    from oracle.engines.kinds import kind_of
     from oracle.lifecycle.watchdog import start_engine
 
-    return lambda mode: start_engine(instance_config(plan.config.engine, mode, instance), plan.model_dir, mode)
+    cfg = plan.config.engine
+    instance_of = kind_of(cfg).instance
+    return lambda mode: start_engine(instance_of(cfg, mode, instance), plan.model_dir, mode)
 
 
 class OpLocalizer:
@@ -197,7 +199,7 @@ def _hazard_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def declared_hazards(plan: Plan) -> list[str]:
     """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches."""
-    from oracle.posture import declared_posture
+    from oracle.engines.kinds import declared_posture
     from oracle.posture.hazards import match_hazards, warning_lines
 
     model, sampling = _hazard_inputs(plan)
