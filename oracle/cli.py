@@ -195,14 +195,16 @@ def _run(args: argparse.Namespace) -> int:
             argv = [*sys.argv[1:], "--seed", str(guard.seed)] if args.argv is None else [*args.argv, "--seed",
                                                                                           str(guard.seed)]
             return supervise.run_child(argv, guard.report, report_dir)
-    with RunGuard(config, report_dir, args.seed, blame=blame, announce=not supervise.is_child()) as guard:
+    # The child adopts the started report its parent wrote: one write per state, one writer for the run.
+    child = supervise.is_child()
+    with RunGuard(config, report_dir, args.seed, blame=blame, announce=not child, adopt=child) as guard:
         from oracle.render.console import ConsoleObserver, make_console, print_summary
         from oracle.render.files import write_formats
         from oracle.runner import run
 
         console = make_console()
         report = run(config, seed=guard.seed, observer=ConsoleObserver(console), report_dir=report_dir,
-                     views=[write_formats], example_db=args.db, shard=args.shard)
+                     views=[write_formats], example_db=args.db, shard=args.shard, writer=guard.writer)
     print_summary(console, report, str(report_dir / "report.json"))
     for mode, described in report.environment.get("engines", {}).items():
         if isinstance(described, dict) and described.get("close_error"):

@@ -219,3 +219,17 @@ def test_an_unknown_kind_names_the_installed_ones(installed: Path, fake_model: P
     assert "engine.kind: 'nosuch' is not one of" in err and "fakeclass" in err and "fakerow" in err
     # A report naming a kind not installed here is code of unknown origin: it needs trust.
     assert code_loading_fields({"engine": {"kind": "nosuch"}}) == ["engine.kind"]
+
+
+def test_a_class_row_comes_from_the_class_attributes() -> None:
+    from oracle.engines.kinds import class_row
+
+    class Server:
+        needs_weights = False
+        code_loading_options = ("script",)
+        start_work = "server start"
+
+    row = class_row("srv", Server)
+    assert row.runs_weights is False and row.start_work == "server start" and row.options is None
+    assert row.code_options({"script": "x.sh", "env": {"A": "1"}, "port": 1}) == ["env", "script"]
+    assert class_row("plain", object).runs_weights is True
