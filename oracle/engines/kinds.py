@@ -134,7 +134,7 @@ def _process_options(options: Mapping[str, Any]) -> list[str]:
 # instantiates classes), model class overrides, hf_overrides.
 _VLLM_CODE_SUFFIXES = ("_cls", "_class", "_module_path", "_module", "_qualname")
 _VLLM_CODE_KEYS = frozenset({"logits_processors", "model_class_overrides", "hf_overrides", "log_config_file",
-                             "logging_config", "custom_ops"})
+                             "logging_config"})
 # Executor backends vLLM knows by name; any other string is a class it imports by qualified name.
 _VLLM_EXECUTORS = frozenset({"ray", "mp", "uni", "external_launcher"})
 
@@ -201,19 +201,22 @@ def _native_model(cfg: EngineConfig, model_dir: Path) -> None:
 
 
 def _fits_in_process(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
-    """native, transformers: the model on `engine.device` (RAM or the CUDA device's free memory) with
-    `kv_tokens` tokens of KV cache at once (twice that for the native engine's prefix cache)."""
+    """transformers (and native, through `_fits_native`): the model on `engine.device` (RAM or the CUDA
+    device's free memory) with `kv_tokens` tokens of KV cache at once."""
     from oracle.models import memory, size
     from oracle.models.architectures import read_config_json
 
     cuda = cfg.device.startswith("cuda")
     place = memory.cuda_free(cfg.device) if cuda else memory.ram_available()
-    if cfg.kind == "native" and cfg.enable_prefix_caching:
-        kv_tokens *= 2  # the native engine keeps twice the blocks asked for, so cached ones survive
     path = model_dir / "config.json"
     estimate = size.estimate(read_config_json(model_dir), path, cfg.dtype, kv_tokens=kv_tokens)
     if estimate is not None and place is not None:
         size.check_fits(estimate, place.bytes, place.what, path, kv_source)
+
+
+def _fits_native(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+    """The native engine with a prefix cache keeps twice the blocks asked for, so cached ones survive."""
+    _fits_in_process(cfg, model_dir, kv_tokens * 2 if cfg.enable_prefix_caching else kv_tokens, kv_source)
 
 
 def _fits_vllm(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
@@ -237,7 +240,7 @@ OPENAI_INSTALL = "pip install 'oracle-determinism[openai]' (or pip install httpx
 BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
     EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), NativeOptions, start_work="model load",
                declare_posture=posture.declare_native, example="tiny", check_model=_native_model,
-               fits=_fits_in_process),
+               fits=_fits_native),
     EngineKind("transformers", _builtin("oracle.engines.transformers_engine:TransformersEngine"),
                TransformersOptions, packages=("transformers",),
                install="pip install 'oracle-determinism[transformers]'", start_work="model load",
