@@ -243,3 +243,11 @@ def test_a_class_row_comes_from_the_class_attributes() -> None:
     assert row.runs_weights is False and row.start_work == "server start" and row.options is None
     assert row.code_options({"script": "x.sh", "env": {"A": "1"}, "port": 1}) == ["env", "script"]
     assert class_row("plain", object).runs_weights is True
+
+
+def test_config_init_names_the_rows_examples_for_an_unknown_engine(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "init", str(tmp_path / "o.yaml"), "--engine", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine: no example config for 'nosuch'" in err and all(name in err for name in BUILTIN)
+    assert not (tmp_path / "o.yaml").exists()
