@@ -141,8 +141,8 @@ def _check_rounds(warmup: int, rounds: int) -> None:
 def bench_config(config_path: str, json_path: Path | None, warmup: int = 1, rounds: int = 3) -> int:
     """Generate every trial of the config per round, in each mode on one engine, and report the wall times."""
     from oracle.config import load_config
-    from oracle.engines import build_engine
     from oracle.execute import generate
+    from oracle.lifecycle.watchdog import build_engine
     from oracle.plan import plan_run, trial_requests
 
     _check_rounds(warmup, rounds)

@@ -160,8 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     ci = csub.add_parser("init", help="write a working example config to start from (default: oracle.yaml)")
     ci.add_argument("path", nargs="?", type=Path, default=None, help="the file to write (default: oracle.yaml)")
     pick = ci.add_mutually_exclusive_group()
-    pick.add_argument("--engine", choices=["native", "vllm", "openai", "transformers"], default=None,
-                      help="the engine's example (default: native, a tiny model on the CPU)")
+    # The kinds are the engine rows' (oracle.engines.kinds), checked when the example is written: --help
+    # stays instant, without the config's models.
+    pick.add_argument("--engine", default=None, metavar="KIND",
+                      help="the example of a built-in engine kind (default: native, a tiny model on the CPU; "
+                           "an unknown kind's error lists them)")
     pick.add_argument("--example", default=None, help="a shipped example by name (tiny, gpu, server, vllm-gpu, ...; "
                                                        "custom-engine writes a custom engine's module beside its config)")
     ci.add_argument("--force", action="store_true", help="overwrite the file if it exists")
@@ -211,7 +214,9 @@ def _run(args: argparse.Namespace) -> int:
             argv = [*sys.argv[1:], "--seed", str(guard.seed)] if args.argv is None else [*args.argv, "--seed",
                                                                                           str(guard.seed)]
             return supervise.run_child(argv, guard.report, report_dir)
-    with RunGuard(config, report_dir, args.seed, blame=blame, announce=not supervise.is_child()) as guard:
+    # The child adopts the started report its parent wrote: one write per state, one writer for the run.
+    child = supervise.is_child()
+    with RunGuard(config, report_dir, args.seed, blame=blame, announce=not child, adopt=child) as guard:
         # torch's import runs C++ that calls back into Python (torch.distributed's init): a signal raised
         # there aborts the process (C++ terminate). Held until the import is whole, it stops the run as
         # any signal does: a partial report and 130/143.
@@ -223,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
 
         console = make_console()
         report = run(config, seed=guard.seed, observer=ConsoleObserver(console), report_dir=report_dir,
-                     views=[write_formats], example_db=args.db, shard=args.shard)
+                     views=[write_formats], example_db=args.db, shard=args.shard, writer=guard.writer)
     print_summary(console, report, str(report_dir / "report.json"))
     for mode, described in report.environment.get("engines", {}).items():
         if isinstance(described, dict) and described.get("close_error"):

@@ -197,9 +197,12 @@ def _non_loopback(command: list[str]) -> str | None:
     return None
 
 
-ENGINE_OPTIONS: dict[str, type[BaseModel]] = {
-    "native": NativeOptions, "transformers": TransformersOptions, "vllm": VllmOptions, "openai": OpenAIOptions,
-}
+def _options_model(kind: str) -> type[BaseModel] | None:
+    """The typed options of engine kind `kind`: its row's (`oracle.engines.kinds`); None: free keyword
+    arguments (a `module:Class`, or a kind not known here, which the run names as unknown)."""
+    from oracle.engines.kinds import options_model
+
+    return options_model(kind)
 
 
 class EngineConfig(_Strict):
@@ -227,7 +230,7 @@ class EngineConfig(_Strict):
     @classmethod
     def _typed_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         """Validate a built-in engine's options against its model; errors name engine.options.FIELD."""
-        model = ENGINE_OPTIONS.get(info.data.get("kind", "native"))
+        model = _options_model(info.data.get("kind", "native"))
         if model is None:
             return v
         return model.model_validate(v).model_dump(mode="json", exclude_unset=True)
@@ -239,7 +242,7 @@ class EngineConfig(_Strict):
 
     def typed_options(self) -> BaseModel | None:
         """The options as the built-in engine's model (defaults filled in); None for a custom engine."""
-        model = ENGINE_OPTIONS.get(self.kind)
+        model = _options_model(self.kind)
         return self.options_as(model) if model is not None else None
 
     def options_as(self, model: type[OptionsT]) -> OptionsT:
@@ -753,7 +756,8 @@ def _cross_check(config: Config) -> None:
     if s.batch_size[1] > e.max_num_seqs:
         raise config.error(("schedule", "batch_size"), f"max {s.batch_size[1]} is above engine.max_num_seqs "
                            f"({e.max_num_seqs}): a trial would not fit one forward pass")
-    if e.kind == "native" and e.options_as(NativeOptions).cuda_graphs and not e.device.startswith("cuda"):
+    options = e.typed_options()
+    if isinstance(options, NativeOptions) and options.cuda_graphs and not e.device.startswith("cuda"):
         raise config.error(("engine", "options", "cuda_graphs"), f"needs a CUDA device, not engine.device {e.device!r}")
 
 

@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from oracle.engines.kinds import example_configs
 from oracle.errors import ConfigError
 
-# The example `oracle config init --engine KIND` writes for each built-in engine.
-BY_ENGINE = {"native": "tiny", "vllm": "vllm-cpu", "openai": "server", "transformers": "transformers"}
+# The example `oracle config init --engine KIND` writes for each built-in engine (each row's `example`).
+BY_ENGINE = example_configs()
 DEFAULT_PATH = Path("oracle.yaml")  # named oracle*.yaml, so pytest also collects it as a test
 
 
@@ -81,6 +82,8 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     """Write the example for `engine` (or the example `name`; default: the native engine's) to `path`, and
     the files a file example needs beside it; refuses to overwrite any file (or to write through a symbolic
     link) unless `force`. Returns the example's name."""
+    if engine is not None and engine not in BY_ENGINE:
+        raise ConfigError(f"--engine: no example config for {engine!r}; one of {', '.join(BY_ENGINE)}")
     chosen = name or BY_ENGINE[engine or "native"]
     text = example_text(chosen)
     extra = FILE_EXAMPLES.get(chosen, FileExample(""))

@@ -35,8 +35,9 @@ from oracle.engines.contract import (
     output_problem,
 )
 from oracle.errors import ConfigError, EngineError, OracleError
+from oracle.lifecycle.watchdog import GuardedEngine
 from oracle.observer import Observer
-from oracle.plan import Plan, solo_request, target_sampling, trial_requests
+from oracle.plan import Plan, phase_of, solo_request, target_sampling, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
@@ -101,6 +102,8 @@ def generate(engine: Engine, requests: Sequence[Request], budget: int | None = N
     the request and the step. Outputs that are not numbers cannot be judged, so no check may read
     them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.
     """
+    if isinstance(engine, GuardedEngine):  # a hang's message names the phase of the run it stopped in
+        engine.phase = phase_of([r.request_id for r in requests])
     try:
         out = engine.generate(requests, budget) if budget else engine.generate(requests)
     except OracleError:

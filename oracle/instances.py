@@ -14,9 +14,10 @@ from oracle.engines.contract import Mode
 
 
 def instance_config(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
-    """`cfg` with the mode's URL list (if any) resolved to instance `index`'s server."""
+    """`cfg` (the openai engine's: its row's `instance`) with the mode's URL list (if any) resolved to
+    instance `index`'s server."""
     base = cfg.options.get("base_url")
-    if cfg.kind != "openai" or not isinstance(base, dict) or not isinstance(base.get(mode), list):
+    if not isinstance(base, dict) or not isinstance(base.get(mode), list):
         return cfg
     urls = base[mode]
     resolved = {**base, mode: urls[min(index, len(urls) - 1)]}

@@ -21,6 +21,7 @@ import numpy as np
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
 from oracle.engines.contract import Completion, Mode, StepEvidence
+from oracle.engines.kinds import known_row
 from oracle.execute import ModeResult
 from oracle.posture.probes import probe_hits
 from oracle.prompts import Target
@@ -377,9 +378,9 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
                                   evidence=ev, message=inv.prefix_note))
     if n == 0 or hits == 0:
         message = inv.prefix_note or "no warm run hit the prefix cache"
-        if not inv.prefix_note and runs.config.engine.kind == "openai":
-            message += (" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
-                        "--enable-prompt-tokens-details, SGLang with --enable-cache-report)")
+        if not inv.prefix_note:
+            row = known_row(runs.config.engine.kind)
+            message += row.prefix_cache_hint if row is not None else ""
         return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
                                   evidence=ev, message=message))
     if recs:
@@ -553,8 +554,10 @@ SHARED_SERVER = ("one server serves both modes (engine.options.base_url is a sin
 
 
 def shared_server(config: Config) -> bool:
-    """The openai engine with one base_url for both modes."""
-    return config.engine.kind == "openai" and isinstance(config.engine.options.get("base_url"), str)
+    """One server serves both modes (the openai engine with one base_url): the engine's row says (a
+    `module:Class` engine's row is the default: never; its class is not imported here)."""
+    row = known_row(config.engine.kind)
+    return row is not None and row.shared_server(config.engine)
 
 
 def _self_compared(result: CheckResult) -> CheckResult:

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oracle import __version__
 from oracle.config import Config
@@ -29,6 +29,9 @@ from oracle.judge import Runs, coverage, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request
 from oracle.report import Report, TrialRecord
+
+if TYPE_CHECKING:
+    from oracle.render.files import ReportWriter
 from oracle.timings import rounded
 
 # A view writes one more format of a finished (or partial) report into the report folder.
@@ -38,10 +41,12 @@ View = Callable[[Report, Path], Any]
 def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
     picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
-    from oracle.instances import instance_config
+    from oracle.engines.kinds import kind_of
     from oracle.lifecycle.watchdog import start_engine
 
-    return lambda mode: start_engine(instance_config(plan.config.engine, mode, instance), plan.model_dir, mode)
+    cfg = plan.config.engine
+    instance_of = kind_of(cfg).instance
+    return lambda mode: start_engine(instance_of(cfg, mode, instance), plan.model_dir, mode)
 
 
 class OpLocalizer:
@@ -75,14 +80,16 @@ class OpLocalizer:
 
 def run(config: Config, *, seed: int | None = None, observer: Observer | None = None,
         report_dir: Path | None = None, views: Sequence[View] = (), example_db: Path | None = None,
-        shard: tuple[int, int] | None = None) -> Report:
+        shard: tuple[int, int] | None = None, writer: ReportWriter | None = None) -> Report:
     """Run every check of `config`; writes `report.json` (also a partial one on an engine error or signal).
 
     `example_db`: a folder of failing trials of earlier runs (oracle.example_db), replayed before the
     schedule and updated afterwards; none is read or written without it. `shard` (index, count): run
     only that slice of the schedule and write its results beside the report for `oracle merge`
-    (oracle.shards.assign)."""
+    (oracle.shards.assign). `writer`: the run's report writer (`oracle run` and the plugin hand theirs,
+    which wrote the started report); else one of its own for the report folder, writing `views`."""
     from oracle.example_db import ExampleDB
+    from oracle.render.files import ReportWriter
 
     observer = observer or Observer()
     t0 = time.perf_counter()
@@ -105,7 +112,8 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
         report.shard = {k: v for k, v in plan.shard.to_json().items() if k != "repeats"}
         report.environment["trials"] = plan.shard.schedule_size
     report.timings["plan_s"] = round(time.perf_counter() - t0, 3)
-    out_dir = report_dir or Path(config.report_dir)
+    out_dir = writer.out_dir if writer is not None else report_dir or Path(config.report_dir)
+    writer = writer or ReportWriter(out_dir, views)
     # Known hazards of the posture the config asks for, said before any engine starts.
     for line in declared_hazards(plan):
         observer.warn(line)
@@ -146,7 +154,7 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
                          results)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
         # the views' formats, then report.json, signals held meanwhile
-        report.write(out_dir, timed_views(views, report, t0))
+        writer.final(report, timed_views(views if views else writer.views, report, t0))
     return report
 
 
@@ -202,7 +210,7 @@ def _hazard_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def declared_hazards(plan: Plan) -> list[str]:
     """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches."""
-    from oracle.posture import declared_posture
+    from oracle.engines.kinds import declared_posture
     from oracle.posture.hazards import match_hazards, warning_lines
 
     model, sampling = _hazard_inputs(plan)

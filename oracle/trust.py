@@ -15,30 +15,44 @@ from typing import Any
 
 from oracle.errors import ConfigError
 
-BUILTIN_KINDS = frozenset({"native", "vllm", "openai", "transformers"})
-
 
 def code_loading_fields(config: Mapping[str, Any]) -> list[str]:
-    """Dotted names of the fields in `config` (a report's `config`) that load or run code."""
+    """Dotted names of the fields in `config` (a report's `config`) that load or run code.
+
+    A kind that is neither built in nor installed through the `oracle.engines` entry point names code
+    (`module:Class`); `preload` imports modules; the rest is the kind's row's `code_options` (a started
+    server's command and environment, vLLM's engine_args that import classes by name, ...). Nothing
+    named by the report is imported to find out."""
+    from oracle.engines.kinds import known_row
+
     engine = config.get("engine")
     if not isinstance(engine, Mapping):
         return []
     found = []
-    kind = engine.get("kind")
-    if isinstance(kind, str) and kind not in BUILTIN_KINDS:
+    kind = engine.get("kind", "native")
+    try:
+        row = known_row(kind) if isinstance(kind, str) else None
+    except ConfigError:  # an installed entry point that does not load: its config cannot be trusted blind
+        row = None
+    if row is None or row.user_code:
         found.append("engine.kind")
     if engine.get("preload"):
         found.append("engine.preload")
     options = engine.get("options")
     if isinstance(options, Mapping):
-        for key in ("command", "env", "mode_env"):
-            if options.get(key):
-                found.append(f"engine.options.{key}")
-        args = options.get("engine_args")
-        if isinstance(args, Mapping):
-            found += [f"engine.options.engine_args.{k}" for k, v in args.items()
-                      if (k == "trust_remote_code" and v) or k.endswith("_cls") or "plugin" in k]
+        code = row.code_options(options) if row is not None else _any_kind_code_options(options)
+        found += [f"engine.options.{name}" for name in code]
     return found
+
+
+def _any_kind_code_options(options: Mapping[str, Any]) -> list[str]:
+    """A kind not known here: every option that loads code for any known kind."""
+    from oracle.engines.kinds import BUILTIN
+
+    names: list[str] = []
+    for row in BUILTIN.values():
+        names += [n for n in row.code_options(options) if n not in names]
+    return names
 
 
 def require_trust(report_path: Path, config: Mapping[str, Any], trusted: bool) -> None:

@@ -88,7 +88,7 @@ def _import_httpx() -> Any:
     try:
         import httpx
     except ImportError as e:
-        from oracle.engines import OPENAI_INSTALL
+        from oracle.engines.kinds import OPENAI_INSTALL
 
         raise ConfigError(f"engine.kind: the openai engine needs the httpx package, which is not installed: "
                           f"{OPENAI_INSTALL}") from e

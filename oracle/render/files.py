@@ -12,7 +12,9 @@ from __future__ import annotations
 import html
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 from oracle.errors import ConfigError
@@ -102,15 +104,14 @@ def write_formats(report: Report, out_dir: Path) -> dict[str, Path]:
 
 
 def write_report(report: Report, out_dir: Path, *, final: bool = True) -> Path:
-    """report.json and every other format (see `Report.write`)."""
+    """report.json and every other format (see `Report.write`); a run's own writes go through its
+    `ReportWriter`."""
     return report.write(out_dir, [write_formats], final=final)
 
 
 def write_started(report: Report, out_dir: Path) -> Path:
     """Replace whatever report the folder holds with this run's "started" one (`complete: false`)."""
-    if report.error is None:
-        report.set_error(STARTED)
-    return write_report(report, out_dir, final=False)
+    return ReportWriter(out_dir).started(report)
 
 
 def report_is(out_dir: Path, stamp: tuple[int, int] | None) -> bool:
@@ -124,3 +125,70 @@ def stamp_of(out_dir: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_mtime_ns
+
+
+View = Callable[[Report, Path], Any]
+
+
+class ReportWriter:
+    """The one owner of a run's report folder: report.json and the formats beside it, for every state the
+    run can be in (started, stopped with an error or a signal, complete or partial, merged), each state
+    written once, each file atomically (`Report.write`).
+
+    Shared by the parent of `oracle run` and its child (the parent writes "started"; the child adopts
+    that file rather than writing it again), the runner, `oracle merge`, the supervisor and the pytest
+    plugin. It writes only `out_dir`, the run's own folder. `stopped` writes only while no final report
+    was written: none by this writer, and the folder still holds the report it last wrote or adopted
+    (the child's final report, written by another process, stands too)."""
+
+    def __init__(self, out_dir: Path, views: Sequence[View] = (write_formats,)) -> None:
+        self.out_dir = out_dir
+        self.views = tuple(views)
+        self.stamp: tuple[int, int] | None = None  # report.json as this writer last left it
+        self.done = False  # the run's final report (complete, partial or merged) is written
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / FILES["json"]
+
+    def started(self, report: Report) -> Path:
+        """Replace whatever report the folder holds with this run's "started" one (`complete: false`), so a
+        run killed outright never leaves an earlier run's pass."""
+        if report.error is None:
+            report.set_error(STARTED)
+        path = report.write(self.out_dir, self.views, final=False)
+        self.stamp = stamp_of(self.out_dir)
+        return path
+
+    def adopt(self, report: Report) -> None:
+        """The run's child: the parent wrote the started report already; take it as this writer's own
+        (written here only when it is missing)."""
+        self.stamp = stamp_of(self.out_dir)
+        if self.stamp is None:
+            self.started(report)
+
+    def untouched(self) -> bool:
+        """report.json is still the file this writer last wrote or adopted: no final report replaced it."""
+        return report_is(self.out_dir, self.stamp)
+
+    def stopped(self, report: Report, e: BaseException) -> bool:
+        """The run ended with `e` before it wrote its own report: `report` says so (the exit code the
+        process ends with). False, and nothing written, when a final report is already there (before this
+        writer wrote anything, e.g. a signal during the started report, it writes)."""
+        if self.done or (self.stamp is not None and not self.untouched()):
+            return False
+        report.mark_stopped(e)
+        self.final(report)
+        return True
+
+    def ended(self, report: Report, message: str, exit_code: int) -> Path:
+        """The supervisor: the run's process ended without its report; `report` (the started one) says how."""
+        report.set_error(message, exit_code)
+        return self.final(report)
+
+    def final(self, report: Report, views: Sequence[View] | None = None) -> Path:
+        """The run is over (done, partial, merged): the formats, then report.json, signals held meanwhile."""
+        path = report.write(self.out_dir, self.views if views is None else views)
+        self.stamp = stamp_of(self.out_dir)
+        self.done = True
+        return path

@@ -35,6 +35,7 @@ from oracle.errors import ConfigError, EngineError
 from oracle.execute import ModeResult
 from oracle.observer import Observer
 from oracle.plan import Plan
+from oracle.render.files import ReportWriter
 from oracle.report import Report, load_report
 from oracle.runner import View, finish, timed_views
 from oracle.schedule import Trial
@@ -302,5 +303,5 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
         report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
         report.environment["trials"] = len(s0.shard.schedule)
         report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
-        report.write(out_dir, timed_views(views, report, t0))
+        ReportWriter(out_dir, views).final(report, timed_views(views, report, t0))
     return report

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from oracle.config import parse_config
-from oracle.engines import build_engine, check_engine_config
+from oracle.engines import check_engine_config
 from oracle.errors import ConfigError
+from oracle.lifecycle.watchdog import build_engine
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENGINE_SOURCE = '''

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from oracle.config import parse_config
-from oracle.engines import build_engine
 from oracle.engines.contract import (
     Capabilities,
     Completion,
@@ -28,7 +27,7 @@ from oracle.engines.contract import (
 from oracle.errors import ConfigError, EngineError
 from oracle.execute import fresh, generate
 from oracle.lifecycle.exit_trap import ENGINE_THREAD
-from oracle.lifecycle.watchdog import GuardedEngine
+from oracle.lifecycle.watchdog import GuardedEngine, build_engine
 from oracle.localize import can_localize
 from oracle.runner import run
 

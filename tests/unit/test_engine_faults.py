@@ -104,9 +104,9 @@ def test_an_engine_that_finishes_starting_as_its_deadline_passes_is_closed(
     import fake_engine
 
     from oracle.config import EngineConfig
-    from oracle.engines import build_engine
     from oracle.errors import EngineError
     from oracle.lifecycle import watchdog
+    from oracle.lifecycle.watchdog import build_engine
 
     made: list[object] = []
     closed: list[object] = []

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from oracle.config import EngineConfig, NativeOptions, OpenAIOptions, VllmOptions, load_config
-from oracle.engines import build_engine
 from oracle.engines.contract import capabilities
 from oracle.engines.openai_engine import mode_url
 from oracle.errors import ConfigError
+from oracle.lifecycle.watchdog import build_engine
 
 BASE = "model: preset:tiny-qwen3\nprompts: {random: {count: 1}}\n"
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from oracle.config import EngineConfig, parse_config
-from oracle.posture import UNKNOWN, declared_posture, report_posture
+from oracle.engines.kinds import declared_posture
+from oracle.posture import UNKNOWN, report_posture
 from oracle.posture.hazards import match_hazards
 from oracle.runner import run
 

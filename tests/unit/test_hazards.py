@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +137,9 @@ def test_a_vllm_fa3_config_is_warned_before_it_starts(fake_model: Path, tmp_path
 
     monkeypatch.setattr(oracle.posture, "installed_version", lambda *names: "0.26.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    vllm = types.ModuleType("vllm")  # the plan checks that the package is installed (it is imported only by the worker)
+    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
     cfg = _fa3_config(fake_model, tmp_path)
     cfg["engine"] = {"kind": "vllm", "options": {"invariance": "vllm"}}
     lines = declared_hazards(plan_run(parse_config(cfg)))
@@ -154,7 +160,7 @@ def test_declared_posture_reads_typed_options_with_their_defaults() -> None:
     """The posture reads what the engine reads: an unset vLLM option is its default (enforce_eager: true ->
     no CUDA graphs), a started server's env and mode_env are the mode's environment."""
     from oracle.config import parse_config
-    from oracle.posture import declared_posture
+    from oracle.engines.kinds import declared_posture
 
     base = {"model": "preset:tiny-qwen3", "prompts": {"random": {"count": 1}}}
     vllm = parse_config({**base, "engine": {"kind": "vllm", "options": {"invariance": "vllm", "env": {"X": "1"}}}})

