@@ -152,7 +152,27 @@ def declared_posture(engine: Any, mode: str) -> dict[str, Any]:
     elif engine.kind == "openai":  # a started server's environment, as far as the config sets it
         server = engine.options_as(OpenAIOptions)
         env.update({**server.env, **server.mode_env.get(mode, {})})
+    elif ":" in engine.kind:
+        _fill_custom(out, engine, mode)
     return out
+
+
+def _fill_custom(out: dict[str, Any], engine: Any, mode: str) -> None:
+    """A user's engine class may state the posture it runs with before it starts, as a class attribute
+    `posture` (a mapping of posture fields, optionally per mode: {"invariant": {...}}), so known hazards
+    are matched, and their probes scheduled, at plan time; the rest stays unknown."""
+    from oracle.engines import _custom_class  # the class check_engine_config already imported
+
+    stated = getattr(_custom_class(engine), "posture", None)
+    if not isinstance(stated, dict):
+        return
+    per_mode = stated.get(mode)
+    values = {**{k: v for k, v in stated.items() if k in FIELDS},
+              **({k: v for k, v in per_mode.items() if k in FIELDS} if isinstance(per_mode, dict) else {})}
+    out.update(values)
+    if out.get("engine") == "native":
+        _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
+                           "device": out.get("device", engine.device)})
 
 
 def _vllm_sampler(env: dict[str, str]) -> str:
