@@ -483,6 +483,11 @@ def golden(runs: Runs, requirement: str) -> Judged:
     if not refs:
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
                                   message="no reference completed"))
+    map_note = _golden_map(runs, ev)
+    if map_note and not diffs:
+        return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
+                                  evidence=ev, message=f"{len(refs)} targets bitwise equal to the golden file, but "
+                                                       f"production's variance map changed: {map_note}"))
     if diffs:
         what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
@@ -491,6 +496,24 @@ def golden(runs: Runs, requirement: str) -> Judged:
                                           f"changed: {what}"))
     return Judged(CheckResult(name="golden", requirement=requirement, verdict="pass", trials=len(refs), evidence=ev,
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
+
+
+def _golden_map(runs: Runs, ev: dict[str, Any]) -> str:
+    """The golden file's pinned variance map (`oracle pin-map`) against this run's: the named changes, "" for
+    none; evidence says when a pinned map could not be compared (drift not localized here)."""
+    from oracle.variance_map import map_changes, variance_map
+
+    pinned = runs.golden.get("variance_map") if runs.golden is not None else None
+    if not isinstance(pinned, dict):
+        return ""
+    now = variance_map(runs)
+    if now is None:
+        ev["variance_map"] = "pinned in the golden file, not compared: this run did not localize drift " \
+                             "(checks.drift.localize)"
+        return ""
+    changes = map_changes(pinned.get("ops") or {}, now)
+    ev["variance_map_changes"] = changes
+    return "; ".join(changes)
 
 
 def seeded_sampling(runs: Runs, requirement: str) -> Judged:

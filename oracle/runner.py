@@ -187,6 +187,9 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
     report.hazard_probes = hazard_probes(runs, plan.unformed_probes)
+    from oracle.variance_map import variance_map
+
+    report.variance_map = variance_map(runs)
     record_posture(plan, report)
 
 

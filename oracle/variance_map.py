@@ -155,3 +155,25 @@ def map_changes(pinned: Mapping[str, Any], m: VarianceMap) -> list[str]:
              + (f", first at {v['first_at']})" if v["first_at"] else ")") for k, v in now.items() if k not in pinned]
     gone = [f"no longer batch-variant: {k}" for k in pinned if k not in now]
     return added + gone
+
+
+MAP_HEAD = ("module", "op", "class", "drifting trials", "first at", "confirmation", "layers")
+
+
+def map_rows(m: VarianceMap) -> list[tuple[str, ...]]:
+    """The map as table rows (MAP_HEAD) for every view; op classes with no drifting trial in the last row."""
+    rows = [(o.module_class, o.op + ("" if o.status == "localized" else f" [{o.status}]"), o.op_class,
+             f"{len(o.trials)} of {m.drifting_trials}", o.first_at,
+             ", ".join(f"{n} {c}" for c, n in sorted(o.confirmation.items())),
+             ",".join(str(x) for x in o.layers)) for o in m.ops]
+    idle = [c for c, n in m.classes.items() if n == 0]
+    if idle:
+        rows.append(("(none)", "", ", ".join(idle), f"0 of {m.drifting_trials}", "", "", ""))
+    if m.not_localized:
+        rows.append(("(not localized)", "", "", f"{len(m.not_localized)} of {m.drifting_trials}", "", "", ""))
+    return rows
+
+
+def map_title(m: VarianceMap) -> str:
+    return (f"variance map (production, checks.drift.localize: {m.localize}): {m.localized} of "
+            f"{m.drifting_trials} drifting trials localized")
