@@ -758,8 +758,12 @@ def _cross_check(config: Config) -> None:
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
-    for k in keys[:-1]:
+    for depth, k in enumerate(keys[:-1]):
         child = node.setdefault(k, {})
+        if depth == 1 and keys[0] == "checks" and isinstance(child, (str, bool)):
+            # A check's shorthand (`drift: report`, a bare `off`): its requirement, so a --set of another of the
+            # check's fields (checks.drift.localize) keeps it instead of being dropped.
+            child = node[k] = {"requirement": child if isinstance(child, str) else ("required" if child else "off")}
         if not isinstance(child, dict):
             return  # the file's value is not a mapping: validation names it
         node = child

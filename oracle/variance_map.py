@@ -55,10 +55,20 @@ def _scalar(v: Any) -> Any:
 
 
 def _first_at(follows: dict[str, dict[str, list[Any]]], op_class: str) -> str:
+    """Where the divergence starts along the first quantity it followed: `M >= 2` (every drifting value above every
+    solo value), `KV splits <= 1 (solo 8)` (below), else the values."""
     for name in (*_QUANTITY_ORDER, *sorted(follows)):
-        values = [v for v in follows.get(name, {}).get("drifting", []) if isinstance(v, (int, float))]
-        if values:
-            return f"{quantity_name(name, op_class)} >= {min(values)}"
+        entry = follows.get(name, {})
+        drifting = [v for v in entry.get("drifting", []) if isinstance(v, (int, float))]
+        solo = [v for v in entry.get("solo", []) if isinstance(v, (int, float))]
+        if not drifting:
+            continue
+        label = quantity_name(name, op_class)
+        if not solo or min(drifting) > max(solo):
+            return f"{label} >= {min(drifting)}"
+        if max(drifting) < min(solo):
+            return f"{label} <= {max(drifting)} (solo {max(solo)})"
+        return f"{label} {', '.join(str(v) for v in drifting)} (solo {', '.join(str(v) for v in solo)})"
     return ""
 
 

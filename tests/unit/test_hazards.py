@@ -121,7 +121,9 @@ def test_cli_summary_shows_posture_digest_and_hazard(fake_model: Path, tmp_path:
     # before it starts, so no probe was planned): invariance is vacuous, the run fails closed.
     assert main(["run", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "known hazard of this posture went untested" in out and "vacuous" in out
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    inv = next(c for c in written["checks"] if c["name"] == "invariance")
+    assert inv["verdict"] == "vacuous" and "vllm-fa3-head-dim-64" in inv["evidence"]["untested_hazards"]
     digest = json.loads((tmp_path / "report" / "report.json").read_text())["environment"]["posture"]["digest"]
     assert f"posture {digest}" in out
     assert "invariance claimed, known not to hold: vllm-fa3-head-dim-64" in out
