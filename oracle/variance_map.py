@@ -172,7 +172,7 @@ MAP_HEAD = ("module", "op", "class", "drifting trials", "first at", "confirmatio
 
 def map_rows(m: VarianceMap) -> list[tuple[str, ...]]:
     """The map as table rows (MAP_HEAD) for every view; op classes with no drifting trial in the last row."""
-    rows = [(o.module_class, o.op + ("" if o.status == "localized" else f" [{o.status}]"), o.op_class,
+    rows: list[tuple[str, ...]] = [(o.module_class, o.op + ("" if o.status == "localized" else f" [{o.status}]"), o.op_class,
              f"{len(o.trials)} of {m.drifting_trials}", o.first_at,
              ", ".join(f"{n} {c}" for c, n in sorted(o.confirmation.items())),
              ",".join(str(x) for x in o.layers)) for o in m.ops]
