@@ -178,3 +178,14 @@ def test_pin_map_needs_a_map(tmp_path: Path, mapped: Any, capsys: pytest.Capture
     (tmp_path / "g.json").write_text(json.dumps({"format": "oracle-golden/1", "targets": {}}))
     assert main(["pin-map", str(tmp_path / "r" / "report.json"), "--golden", str(tmp_path / "g.json")]) == 2
     assert "checks.drift.localize" in capsys.readouterr().err
+
+
+def test_a_set_of_a_checks_field_keeps_its_shorthand_requirement(tmp_path: Path) -> None:
+    """`drift: report` in the file and `--set checks.drift.localize=all`: both hold (the override was dropped)."""
+    from oracle.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: preset:tiny-qwen3\nprompts: {texts: [hi]}\nchecks: {drift: warn, fidelity: off}\n")
+    config = load_config(path, {"checks.drift.localize": "all", "checks.fidelity.max_kl": 0.5})
+    assert config.checks.drift.localize == "all" and config.checks.drift.requirement == "warn"
+    assert config.checks.fidelity.requirement == "off" and config.checks.fidelity.max_kl == 0.5
