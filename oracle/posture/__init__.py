@@ -170,9 +170,11 @@ def _fill_custom(out: dict[str, Any], engine: Any, mode: str) -> None:
     values = {**{k: v for k, v in stated.items() if k in FIELDS},
               **({k: v for k, v in per_mode.items() if k in FIELDS} if isinstance(per_mode, dict) else {})}
     out.update(values)
+    if out["device"] == UNKNOWN:
+        out["device"] = engine.device  # the config's engine.device, which the engine is given
     if out.get("engine") == "native":
         _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
-                           "device": out.get("device", engine.device)})
+                           "device": out["device"]})
 
 
 def _vllm_sampler(env: dict[str, str]) -> str:

@@ -94,6 +94,11 @@ def test_with_probes_none_an_untested_matched_hazard_is_vacuous_not_pass(tiny_qw
 
 
 def test_a_probe_the_engines_budget_rules_out_is_reported_with_the_limit(tiny_qwen3: Path, tmp_path: Path) -> None:
+    from oracle.runner import declared_hazards
+
+    lines = declared_hazards(plan_run(parse_config(hazard_config(tiny_qwen3, tmp_path, [HAZARD], budget=40)), seed=1))
+    assert lines[0].startswith("invariance claimed, known not to hold: native-mm-over-48-tokens")
+    assert "hazard probe pass_tokens=48:above not formed: engine.max_num_batched_tokens 40 < 49" in "\n".join(lines)
     report = run(parse_config(hazard_config(tiny_qwen3, tmp_path, [HAZARD], budget=40)), seed=1)
     inv = _invariance(report)
     assert inv.verdict == "vacuous"
@@ -178,3 +183,28 @@ def test_a_shipped_vllm_gpu_config_crosses_fa3_without_a_probes_line(fake_model:
     assert [m.hazard.id for m in plan.hazards] == ["vllm-fa3-head-dim-64"]
     names = {t.probe.partition(":")[0] for t in plan.trials if t.probe}
     assert {"fa3_kv_128", "fa3_kv_256"} <= names
+
+
+def test_pass_bytes_and_shared_pass_probes_are_built_from_the_model_and_engine(fake_model: Path) -> None:
+    """`pass_bytes` divides by one token's hidden state (hidden 64 x float32's 4 bytes = 256 bytes a token);
+    `shared_pass` puts one filler beside the target for its whole decode."""
+    import json
+
+    from oracle.posture.hazards import ProbeSpec
+    from oracle.posture.probes import make_probes
+    from oracle.prompts import Target
+
+    raw = json.loads((fake_model / "config.json").read_text())
+    (fake_model / "config.json").write_text(json.dumps({**raw, "hidden_size": 64}))
+    config = parse_config({"model": str(fake_model), "engine": {"kind": "native", "max_num_batched_tokens": 64},
+                           "prompts": {"texts": ["x"]}, "sampling": {"max_tokens": 4}})
+    targets = [Target("t", (1, 2, 3, 4, 5))]
+    made = make_probes(config, targets, fake_model, 1, 0, 97,
+                       [ProbeSpec("pass_bytes", 256 * 40), ProbeSpec("shared_pass"), ProbeSpec("pass_bytes", 256 * 64)])
+    demand = {t.probe: 5 + sum(f.length for f in t.fillers) for t in made.trials if t.probe.startswith("pass_bytes")}
+    assert demand == {"pass_bytes=10240:below": 40, "pass_bytes=10240:above": 41}
+    (shared,) = [t for t in made.trials if t.probe == "shared_pass:above"]
+    assert len(shared.fillers) == 1 and shared.fillers[0].max_tokens == 4 and shared.fillers[0].arrival_step == 0
+    assert made.unformed == (("pass_bytes=16384:below", "engine.max_num_batched_tokens 64 < 65: no pass holds the "
+                              "threshold's tokens"), ("pass_bytes=16384:above", "engine.max_num_batched_tokens 64 "
+                                                      "< 65: no pass holds the threshold's tokens"))
