@@ -148,8 +148,8 @@ def load_hazards(text: str | None = None, source: str = "hazards.yaml") -> tuple
         text = resources.files("oracle.posture").joinpath("hazards.yaml").read_text(encoding="utf-8")
     try:
         raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not YAML ({str(e).splitlines()[0]})") from e
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(raw, list):
         raise ConfigError(f"{source}: expected a list of hazards (- id: ..., engine: ..., when: ...)")
     out: list[Hazard] = []
