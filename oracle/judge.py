@@ -493,7 +493,7 @@ def golden(runs: Runs, requirement: str) -> Judged:
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
                                   divergent=len(diffs), evidence=ev,
                                   message=f"{len(diffs)} of {len(refs)} targets differ from the golden file; "
-                                          f"changed: {what}"))
+                                          f"changed: {what}" + (f"; variance map: {map_note}" if map_note else "")))
     return Judged(CheckResult(name="golden", requirement=requirement, verdict="pass", trials=len(refs), evidence=ev,
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
 
@@ -511,9 +511,11 @@ def _golden_map(runs: Runs, ev: dict[str, Any]) -> str:
         ev["variance_map"] = "pinned in the golden file, not compared: this run did not localize drift " \
                              "(checks.drift.localize)"
         return ""
-    changes = map_changes(pinned.get("ops") or {}, now)
-    ev["variance_map_changes"] = changes
-    return "; ".join(changes)
+    added, unseen = map_changes(pinned.get("ops") or {}, now)
+    ev["variance_map_changes"] = added
+    if unseen:
+        ev["variance_map_unseen"] = unseen
+    return "; ".join(added)
 
 
 def seeded_sampling(runs: Runs, requirement: str) -> Judged:

@@ -158,13 +158,15 @@ def pinned_ops(m: VarianceMap) -> dict[str, dict[str, Any]]:
                     "first_at": o.first_at} for o in m.ops}
 
 
-def map_changes(pinned: Mapping[str, Any], m: VarianceMap) -> list[str]:
-    """Named changes between a golden file's pinned ops and this run's map: ops added, ops gone."""
+def map_changes(pinned: Mapping[str, Any], m: VarianceMap) -> tuple[list[str], list[str]]:
+    """Between a golden file's pinned ops and this run's map: (ops that are new here, named; pinned ops this
+    run did not see). Only a new op is a change: a pinned op can be absent merely because no drifting trial of
+    this schedule reached it, or because it was not localized (`localize: first`)."""
     now = pinned_ops(m)
     added = [f"new batch-variant op: {k} ({v['trials']} of {v['of']} drifting trials"
              + (f", first at {v['first_at']})" if v["first_at"] else ")") for k, v in now.items() if k not in pinned]
-    gone = [f"no longer batch-variant: {k}" for k in pinned if k not in now]
-    return added + gone
+    unseen = [f"pinned op not seen in this run: {k}" for k in pinned if k not in now]
+    return added, unseen
 
 
 MAP_HEAD = ("module", "op", "class", "drifting trials", "first at", "confirmation", "layers")
