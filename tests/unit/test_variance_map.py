@@ -83,6 +83,14 @@ def test_every_view_shows_the_map(mapped: Any) -> None:
     assert f"| {first.module_class} | {first.op} | {first.op_class} |" in md
     assert f"<td>{first.module_class}</td><td>{first.op}</td>" in html
     assert first.first_at.replace(">", "&gt;").replace("<", "&lt;") in html
+    from rich.console import Console
+
+    from oracle.render.console import print_summary
+
+    console = Console(record=True, width=240, color_system=None)
+    print_summary(console, report, "report.json")
+    shown = console.export_text()
+    assert "variance map (production" in shown and f"{first.module_class} " in shown and first.first_at in shown
     written = load_report(tmp / "report" / "report.json")
     assert written.variance_map == report.variance_map
     assert map_rows(report.variance_map)[0][:2] == (first.module_class, first.op)
