@@ -276,9 +276,12 @@ class ModeExecution:
                     self.observer.advance(self.divergent)
             if invariant and checks.invariance.requirement != "off" and plan.shard is None:
                 self.shrink_and_localize()
-            if not invariant and checks.drift.requirement != "off" and checks.drift.localize != "off" \
-                    and plan.shard is None:
-                self.localize_drift()
+            if not invariant and checks.drift.requirement != "off" and checks.drift.localize != "off":
+                if plan.shard is None:
+                    self.localize_drift()
+                else:  # the merge localizes invariance only: the map says why its trials name no op
+                    self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
+                                               "`oracle localize REPORT --trial N`)")
             with clock("checks"):
                 if n_prefill:
                     self._prefill_decode(checks.prefill_decode.steps)

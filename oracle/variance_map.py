@@ -82,14 +82,17 @@ def build_map(setting: str, trials: Mapping[int, Any], prod: Any, ids: Sequence[
         op = _record(prod.localized.get(tid))
         if op is None:
             note = next((n for n in notes if n.startswith(f"localize {tid}:")), None)
+            general = next((n for n in notes if n.startswith("localize:")), None)  # the engine's, a shard's
             if note is not None:
                 why = note.split(":", 1)[1].strip()
             elif tid in prod.localized:
                 why = "the capture found no op where the target's rows differ"
+            elif general is not None:
+                why = general.split(":", 1)[1].strip()
             elif setting == "first":
                 why = "not localized (checks.drift.localize: first localizes the first drifting trial)"
             else:
-                why = next((n for n in notes if n.startswith("localize:")), "not localized")
+                why = "not localized"
             not_localized[str(tid)] = why
             continue
         groups.setdefault((module_pattern(op.module), op.op, op.status), []).append((tid, op))

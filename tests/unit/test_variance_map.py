@@ -199,3 +199,21 @@ def test_a_set_of_a_checks_field_keeps_its_shorthand_requirement(tmp_path: Path)
     config = load_config(path, {"checks.drift.localize": "all", "checks.fidelity.max_kl": 0.5})
     assert config.checks.drift.localize == "all" and config.checks.drift.requirement == "warn"
     assert config.checks.fidelity.requirement == "off" and config.checks.fidelity.max_kl == 0.5
+
+
+def test_merged_shards_say_their_drift_was_not_localized(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """Shards do not localize drift (the merge localizes invariance only): the merged map counts every drifting
+    trial as not localized and says why, rather than showing an empty map as if nothing drifted."""
+    from oracle.render.files import write_formats
+    from oracle.shards.merge import merge
+
+    data = native_config(tiny_qwen3, tmp_path)
+    folders = []
+    for i in range(2):
+        run(parse_config(data), report_dir=tmp_path / f"shard-{i}", shard=(i, 2))
+        folders.append(tmp_path / f"shard-{i}")
+    merged = merge(folders, tmp_path / "merged", trusted=True, views=[write_formats])
+    m = merged.variance_map
+    assert m is not None and m.drifting_trials > 0 and m.localized == 0
+    assert len(m.not_localized) == m.drifting_trials
+    assert all("a shard does not localize drift" in why for why in m.not_localized.values())
