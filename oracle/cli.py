@@ -129,6 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("config", type=Path)
     rec.add_argument("--golden", type=Path, required=True)
 
+    pm = sub.add_parser("pin-map", help="pin a report's variance map (checks.drift.localize) in a golden file")
+    pm.add_argument("report", type=Path)
+    pm.add_argument("--golden", type=Path, required=True)
+
     b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
     b.add_argument("what", nargs="?", default=None,
                    help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), or a config file "
@@ -308,6 +312,15 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pin_map(args: argparse.Namespace) -> int:
+    from oracle.golden import pin_variance_map
+    from oracle.report import load_report
+
+    golden = pin_variance_map(args.golden, load_report(args.report))
+    print(f"pinned {len(golden['variance_map']['ops'])} batch-variant ops in {args.golden}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from oracle.bench import bench_config, bench_kernels, bench_workload
 
@@ -365,7 +378,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": _run, "merge": _merge, "replay": _replay, "localize": _localize, "record": _record, "bench": _bench, "model": _model,
+    "run": _run, "merge": _merge, "replay": _replay, "localize": _localize, "record": _record, "pin-map": _pin_map, "bench": _bench, "model": _model,
     "config": _config,
 }
 

@@ -311,7 +311,8 @@ class SearchConfig(_Strict):
     trials: int = Field(0, ge=0, le=MAX_TRIALS, description="search trials run after the schedule (0: no search)")
 
 
-ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block"]
+ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block",
+                    "shared_pass"]
 
 
 class ScheduleConfig(_Strict):
@@ -328,11 +329,13 @@ class ScheduleConfig(_Strict):
     max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")
     search: SearchConfig = Field(default_factory=SearchConfig,  # type: ignore[arg-type]
                                  description="guided search after the schedule: {trials: N}")
-    probes: list[ProbeName] | Literal["all"] = Field(
-        default_factory=list,
-        description="hazard probes added to the schedule (oracle.posture.probes): fa3_packed_query, fa3_kv_128, "
-                    "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block; all: every one that applies to the "
-                    "engine; [] (default for now): none")
+    probes: list[ProbeName] | Literal["auto", "all", "none"] = Field(
+        "auto",
+        description="hazard probes added to the schedule (oracle.posture.probes). auto (default): the probes of "
+                    "every known hazard the posture matches or may match; a list (fa3_packed_query, fa3_kv_128, "
+                    "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block, shared_pass): those besides; all: every "
+                    "probe that applies to the engine besides; none: no probe at all (a matched hazard then goes "
+                    "untested, and invariance cannot pass)")
 
     @field_validator("batch_size", "filler_len", "filler_max_tokens", "arrival_step", "max_num_batched_tokens")
     @classmethod
@@ -404,6 +407,9 @@ class FidelityConfig(CheckConfig):
 
 class DriftConfig(CheckConfig):
     requirement: Literal["report", "required", "warn", "off"] = "report"  # type: ignore[assignment]
+    localize: Literal["first", "all", "off"] = Field(
+        "off", description="name the first diverging op of drifting production trials (the first one, every one, "
+        "or none) and map them by module and op: the report's variance_map")
     max_divergent_fraction: float | None = Field(None, ge=0, le=1, description="gate: fraction of trials")
     max_ulp: int | None = Field(None, ge=0, description="gate: largest logprob ULP distance")
 
@@ -493,6 +499,8 @@ class Config(_Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)  # type: ignore[arg-type]
     checks: ChecksConfig = Field(default_factory=ChecksConfig)  # type: ignore[arg-type]
     report_dir: str = Field("oracle-report", description="report folder, relative to the working directory")
+    hazards: str | None = Field(None, description="a YAML file of your own known hazards (the format of "
+                                "oracle/posture/hazards.yaml, docs/hazards.md), added to the built-in ones")
     base_dir: str = Field(".", description="folder relative paths resolve against (the config file's, by default)")
     # Where the config came from (file name and text), for errors found after loading: `error()`.
     _source: str = PrivateAttr("<config>")
@@ -775,8 +783,12 @@ def nesting_depth(value: Any) -> int:
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
-    for k in keys[:-1]:
+    for depth, k in enumerate(keys[:-1]):
         child = node.setdefault(k, {})
+        if depth == 1 and keys[0] == "checks" and isinstance(child, (str, bool)):
+            # A check's shorthand (`drift: report`, a bare `off`): its requirement, so a --set of another of the
+            # check's fields (checks.drift.localize) keeps it instead of being dropped.
+            child = node[k] = {"requirement": child if isinstance(child, str) else ("required" if child else "off")}
         if not isinstance(child, dict):
             return  # the file's value is not a mapping: validation names it
         node = child

@@ -279,6 +279,12 @@ class ModeExecution:
                     self.observer.advance(self.divergent)
             if invariant and checks.invariance.requirement != "off" and plan.shard is None:
                 self.shrink_and_localize()
+            if not invariant and checks.drift.requirement != "off" and checks.drift.localize != "off":
+                if plan.shard is None:
+                    self.localize_drift()
+                else:  # the merge localizes invariance only: the map says why its trials name no op
+                    self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
+                                               "`oracle localize REPORT --trial N`)")
             with clock("checks"):
                 if n_prefill:
                     self._prefill_decode(checks.prefill_decode.steps)
@@ -372,9 +378,21 @@ class ModeExecution:
             self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
                            RunSpec(tuple(requests), at, trial.max_num_batched_tokens))
 
-    def _localize(self, key: Any, expected: RunSpec, actual: RunSpec) -> None:
-        """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict."""
-        if self.localizer is None or self.plan.config.checks.invariance.localize == "off":
+    def localize_drift(self) -> None:
+        """Production mode: localize the first drifting trial, or every one (`checks.drift.localize`), for the
+        report's variance map (oracle.variance_map)."""
+        setting = self.plan.config.checks.drift.localize
+        failing = self._failing()
+        for trial in failing if setting == "all" else failing[:1]:
+            requests, at = trial_requests(self.plan, trial)
+            self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
+                           RunSpec(tuple(requests), at, trial.max_num_batched_tokens), setting)
+
+    def _localize(self, key: Any, expected: RunSpec, actual: RunSpec, setting: str | None = None) -> None:
+        """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict.
+        `setting`: the localize option that asked (invariance's unless given)."""
+        setting = setting or self.plan.config.checks.invariance.localize
+        if self.localizer is None or setting == "off":
             return
         assert self.engine is not None
         if not self.localizer.can_localize(self.engine):

@@ -123,3 +123,18 @@ def compare_golden(golden: dict[str, Any], references: dict[str, Completion],
                           "expected_token": g["token_ids"][step] if step < len(g["token_ids"]) else None,
                           "actual_token": c.token_ids[step] if step < len(c.token_ids) else None})
     return diffs
+
+
+def pin_variance_map(golden_file: Path, report: Any) -> dict[str, Any]:
+    """Pin a report's variance map (checks.drift.localize) in a golden file: the golden check then names every
+    op that became or stopped being batch-variant (oracle.variance_map.map_changes)."""
+    from oracle.variance_map import pinned_ops
+
+    if report.variance_map is None:
+        raise ConfigError("pin-map: the report has no variance_map; run with checks.drift.localize: first or all")
+    golden = read_golden(golden_file)
+    golden["variance_map"] = {"localize": report.variance_map.localize,
+                              "drifting_trials": report.variance_map.drifting_trials,
+                              "ops": pinned_ops(report.variance_map)}
+    write_golden(golden_file, golden)
+    return golden

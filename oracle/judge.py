@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,15 @@ from oracle.engines.kinds import known_row
 from oracle.execute import ModeResult
 from oracle.posture.probes import probe_hits
 from oracle.prompts import Target
-from oracle.report import Cause, CheckResult, DivergenceRecord, LocalizedOpRecord, TrialRecord
+from oracle.report import (
+    Cause,
+    CheckResult,
+    DivergenceRecord,
+    HazardProbesRecord,
+    LocalizedOpRecord,
+    ProbeNotFormed,
+    TrialRecord,
+)
 from oracle.schedule import Trial
 
 KV_BOUNDARIES = (64, 128, 256, 512)
@@ -42,6 +50,7 @@ class Runs:
     prod: ModeResult | None
     environment: Mapping[str, Any]
     golden: Mapping[str, Any] | None = None
+    unformed_probes: tuple[tuple[str, str], ...] = ()  # (`probe:side`, the limit that ruled it out)
 
     def mode(self, name: str) -> ModeResult | None:
         return self.inv if name == "invariant" else self.prod
@@ -160,9 +169,76 @@ def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
     if ev["trials_batched"] == 0:
         return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", trials=n, evidence=ev,
                                   message="no trial put a target in a forward pass with another sequence"))
+    untested = untested_hazards(runs) if name == "invariance" else {}
+    if untested:
+        ev["untested_hazards"] = untested
+        why = "; ".join(f"{h}: {w}" for h, w in untested.items())
+        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", trials=n, evidence=ev,
+                                  message=f"{n} trials bitwise equal to the solo reference, but a known hazard of "
+                                          f"this posture went untested (no trial crossed its threshold): {why}"))
     return Judged(CheckResult(name=name, requirement=requirement, verdict="pass", trials=n, evidence=ev,
                               message=f"{n} trials bitwise equal to the solo reference, "
                                       f"{ev['trials_batched']} batched"))
+
+
+def _hazard_crossings(runs: Runs, hazard: Mapping[str, Any]) -> list[int]:
+    """The invariant trials (judged ones) that crossed the threshold of one matched hazard (`environment.hazards`)."""
+    from oracle.posture.probes import crossed
+
+    inv = runs.inv
+    specs = [spec_of(label) for label in hazard.get("probes") or ()]
+    if inv is None or not specs:
+        return []
+    return [tid for tid in runs.judged_ids if tid in inv.trials
+            and any(crossed(spec, runs.trials[tid], inv.trials[tid].evidence) for spec in specs)]
+
+
+def spec_of(label: str) -> Any:
+    """`pass_tokens=48` -> ProbeSpec("pass_tokens", 48); `fa3_kv_256` -> ProbeSpec("fa3_kv_256")."""
+    from oracle.posture.hazards import ProbeSpec
+
+    name, eq, at = label.partition("=")
+    return ProbeSpec(name, int(at)) if eq and at.isdigit() else ProbeSpec(name)
+
+
+def _untested_why(runs: Runs, hazard: Mapping[str, Any]) -> str:
+    labels = [str(p) for p in hazard.get("probes") or ()]
+    if not labels:
+        return "the hazard names no probe that crosses its threshold"
+    if runs.config.schedule.probes == "none":
+        return f"schedule.probes is none, and no drawn trial crossed it ({hazard.get('threshold')})"
+    limits = [f"{side}: {limit}" for side, limit in runs.unformed_probes
+              if side.partition(":")[0] in labels]
+    if limits:
+        return "its probes could not be formed: " + "; ".join(limits)
+    return f"no trial of its probes ({', '.join(labels)}) ran over the threshold ({hazard.get('threshold')})"
+
+
+def untested_hazards(runs: Runs) -> dict[str, str]:
+    """hazard id -> why no trial crossed its threshold, for each hazard the invariant posture matches (not merely
+    possible): while one is untested, invariance cannot pass."""
+    return {str(h.get("id")): _untested_why(runs, h) for h in runs.environment.get("hazards") or ()
+            if isinstance(h, Mapping) and h.get("match") == "matches" and not _hazard_crossings(runs, h)}
+
+
+def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[HazardProbesRecord]:
+    """Per known hazard the run matched: its probes, the trials that crossed its threshold, the probe sides the
+    engine's limits ruled out, and why it went untested (the report's `hazard_probes`)."""
+    runs = replace(runs, unformed_probes=tuple(unformed))
+    out = []
+    for h in runs.environment.get("hazards") or ():
+        if not isinstance(h, Mapping):
+            continue
+        labels = [str(p) for p in h.get("probes") or ()]
+        crossed_by = _hazard_crossings(runs, h)
+        planned = sorted({t.probe for t in runs.trials.values() if t.probe.partition(":")[0] in labels})
+        out.append(HazardProbesRecord(
+            id=str(h.get("id")), match=h.get("match", "possible"), threshold=str(h.get("threshold", "")),
+            probes=labels, sides=planned, crossed_by=crossed_by,
+            not_formed=[ProbeNotFormed(probe=side, limit=limit) for side, limit in unformed
+                        if side.partition(":")[0] in labels],
+            untested="" if crossed_by or runs.inv is None else _untested_why(runs, h)))
+    return out
 
 
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
@@ -409,14 +485,39 @@ def golden(runs: Runs, requirement: str) -> Judged:
     if not refs:
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
                                   message="no reference completed"))
+    map_note = _golden_map(runs, ev)
+    if map_note and not diffs:
+        return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
+                                  evidence=ev, message=f"{len(refs)} targets bitwise equal to the golden file, but "
+                                                       f"production's variance map changed: {map_note}"))
     if diffs:
         what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
         return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
                                   divergent=len(diffs), evidence=ev,
                                   message=f"{len(diffs)} of {len(refs)} targets differ from the golden file; "
-                                          f"changed: {what}"))
+                                          f"changed: {what}" + (f"; variance map: {map_note}" if map_note else "")))
     return Judged(CheckResult(name="golden", requirement=requirement, verdict="pass", trials=len(refs), evidence=ev,
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
+
+
+def _golden_map(runs: Runs, ev: dict[str, Any]) -> str:
+    """The golden file's pinned variance map (`oracle pin-map`) against this run's: the named changes, "" for
+    none; evidence says when a pinned map could not be compared (drift not localized here)."""
+    from oracle.variance_map import map_changes, variance_map
+
+    pinned = runs.golden.get("variance_map") if runs.golden is not None else None
+    if not isinstance(pinned, dict):
+        return ""
+    now = variance_map(runs)
+    if now is None:
+        ev["variance_map"] = "pinned in the golden file, not compared: this run did not localize drift " \
+                             "(checks.drift.localize)"
+        return ""
+    added, unseen = map_changes(pinned.get("ops") or {}, now)
+    ev["variance_map_changes"] = added
+    if unseen:
+        ev["variance_map_unseen"] = unseen
+    return "; ".join(added)
 
 
 def seeded_sampling(runs: Runs, requirement: str) -> Judged:

@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from oracle.config import Config
 from oracle.engines.contract import Request, SamplingParams
@@ -19,6 +19,7 @@ from oracle.prompts import Target
 from oracle.schedule import Trial, filler_tokens
 
 if TYPE_CHECKING:
+    from oracle.posture.hazards import HazardMatch
     from oracle.shards.assign import Shard
 
 
@@ -35,6 +36,10 @@ class Plan:
     replayed: tuple[Trial, ...] = ()
     # `oracle run --shard i/N`: `trials` holds this shard's slice of the schedule (oracle.shards.assign).
     shard: Shard | None = None
+    # Known hazards of the posture the config asks for (matches or possible), whose probes the schedule holds,
+    # and the probe sides the engine's limits ruled out: (`probe:side`, the limit).
+    hazards: tuple[HazardMatch, ...] = ()
+    unformed_probes: tuple[tuple[str, str], ...] = ()
 
 
 def resolve_model(config: Config) -> Path:
@@ -89,10 +94,31 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     check_context(config, model_dir, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
     vocab = vocab_size_of(model_dir)
-    probes = make_probes(config, targets, model_dir, seed, len(trials), vocab)  # after the drawn trials
+    hazards = tuple(declared_hazard_matches(config, model_dir))
+    specs = [spec for m in hazards for spec in m.hazard.probes]
+    probes = make_probes(config, targets, model_dir, seed, len(trials), vocab, specs)  # after the drawn trials
     targets, trials = targets + probes.targets, trials + probes.trials
     check_model_size(config.engine, model_dir, kv_tokens(config, targets, trials))
-    return Plan(config, model_dir, targets, trials, seed, vocab)
+    return Plan(config, model_dir, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed)
+
+
+def hazard_inputs(config: Config, model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a hazard's conditions read besides the posture: the model's facts and the sampling."""
+    from oracle.posture import model_facts
+
+    s = config.sampling
+    return model_facts(model_dir), {"temperature": s.temperature, "max_tokens": s.max_tokens}
+
+
+def declared_hazard_matches(config: Config, model_dir: Path) -> list[HazardMatch]:
+    """The known hazards (shipped and the config's own file) the config's invariant posture matches or may match."""
+    from oracle.engines.kinds import declared_posture
+    from oracle.posture.hazards import hazards_for, match_hazards
+
+    if config.checks.invariance.requirement == "off":
+        return []
+    model, sampling = hazard_inputs(config, model_dir)
+    return match_hazards(declared_posture(config.engine, "invariant"), model, sampling, hazards_for(config))
 
 
 def kv_tokens(config: Config, targets: Sequence[Target], trials: Sequence[Trial]) -> int:

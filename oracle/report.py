@@ -155,6 +155,63 @@ class DivergenceRecord(_Model):
         return bool(self.evidence.get("shrunk"))
 
 
+class ProbeNotFormed(_Model):
+    probe: str = Field(description="the probe and side, `pass_tokens=48:above`")
+    limit: str = Field(description="the engine's or model's limit that ruled it out")
+
+
+class HazardProbesRecord(_Model):
+    """A known hazard the run's invariant posture matched: the probes that cross its threshold and what they did."""
+
+    id: str
+    match: Literal["matches", "possible"]
+    threshold: str = ""
+    probes: list[str] = Field(default_factory=list, description="the hazard's probes (`fa3_kv_256`, `pass_tokens=48`)")
+    sides: list[str] = Field(default_factory=list, description="probe sides the schedule held")
+    crossed_by: list[int] = Field(default_factory=list, description="invariant trials that crossed the threshold")
+    not_formed: list[ProbeNotFormed] = Field(default_factory=list)
+    untested: str = Field(default="", description="why no trial crossed the threshold; a matched hazard left "
+                          "untested makes invariance vacuous")
+
+
+class VarianceOpRecord(_Model):
+    """One op that made production batch-variant: where drifting trials' first diverging op was."""
+
+    module: str = Field(description="module path with layer numbers as *, e.g. model.layers.*.mlp.down_proj")
+    module_class: str = Field(description="the module's own name, e.g. down_proj")
+    op: str = Field(description="the op, e.g. _C.onednn_mm.default")
+    op_class: str = Field(default="other", description="attention, matmul, norm, sampling, communication, "
+                          "kv-cache write or other")
+    status: str = Field(default="localized", description="as the localized op's: localized, kv_state, "
+                        "after_capture, inconclusive")
+    trials: list[int] = Field(default_factory=list, description="drifting trials localized here")
+    layers: list[int] = Field(default_factory=list)
+    confirmation: dict[str, int] = Field(default_factory=dict, description="confirmed / not reproduced alone / "
+                                         "not checked -> trials")
+    follows: dict[str, dict[str, list[Any]]] = Field(
+        default_factory=dict, description="launch quantities that differed between the solo and the drifting "
+        "call: {name: {solo: [values], drifting: [values]}} (rows: M of a matmul or the packed query length)")
+    first_at: str = Field(default="", description="the smallest drifting value of the quantity the divergence "
+                          "followed, e.g. `M >= 2`")
+
+    @property
+    def key(self) -> str:
+        """How a golden file and a changed map name it: `model.layers.*.mlp.down_proj _C.onednn_mm.default`."""
+        return f"{self.module} {self.op}" + ("" if self.status == "localized" else f" ({self.status})")
+
+
+class VarianceMap(_Model):
+    """Production's batch variance by module and op: every drifting trial localized (or why not), aggregated."""
+
+    localize: Literal["first", "all"]
+    drifting_trials: int = Field(default=0, ge=0, description="production trials that diverged from production solo")
+    localized: int = Field(default=0, ge=0, description="of them, localized to an op")
+    ops: list[VarianceOpRecord] = Field(default_factory=list, description="most trials first")
+    classes: dict[str, int] = Field(default_factory=dict, description="op class -> drifting trials localized "
+                                    "there (every class, 0 included)")
+    not_localized: dict[str, str] = Field(default_factory=dict, description="trial id -> why it names no op")
+
+
 class Report(_Model):
     oracle_version: str
     seed: int = Field(ge=0)
@@ -175,6 +232,10 @@ class Report(_Model):
                                   "schedule_size and this shard's trial ids; its checks cover those trials only and "
                                   "it exits 0 once complete: `oracle merge` gives the run's verdict. For a merged "
                                   "report: the shards merged")
+    hazard_probes: list[HazardProbesRecord] = Field(default_factory=list, description="known hazards the "
+                                                    "invariant posture matched, the trials that crossed each")
+    variance_map: VarianceMap | None = Field(default=None, description="checks.drift.localize: production's "
+                                             "batch-variant ops, by module and op")
     error: str | None = None
     complete: bool = False
     # The exit code `error` stands for when it is not an engine error (3): 2 for a config or model

@@ -25,7 +25,7 @@ from oracle.engines.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
-from oracle.judge import Runs, coverage, judge, modes_read
+from oracle.judge import Runs, coverage, hazard_probes, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request
 from oracle.report import Report, TrialRecord
@@ -195,43 +195,50 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     golden = None
     if plan.config.checks.golden.requirement != "off" and inv is not None:
         golden = read_golden(golden_path(plan.config))  # type: ignore[arg-type]
-    runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden)
+    match_posture_hazards(plan, report)
+    runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden, plan.unformed_probes)
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
+    report.hazard_probes = hazard_probes(runs, plan.unformed_probes)
+    from oracle.variance_map import variance_map
+
+    report.variance_map = variance_map(runs)
     record_posture(plan, report)
 
 
-def _hazard_inputs(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
-    from oracle.posture import model_facts
-
-    s = plan.config.sampling
-    return model_facts(plan.model_dir), {"temperature": s.temperature, "max_tokens": s.max_tokens}
-
-
 def declared_hazards(plan: Plan) -> list[str]:
-    """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches."""
-    from oracle.engines.kinds import declared_posture
-    from oracle.posture.hazards import match_hazards, warning_lines
+    """'invariance claimed, known not to hold: ...' for each hazard the config's own posture matches, and the
+    probes added for them (or why one could not be formed)."""
+    from oracle.posture.hazards import warning_lines
 
-    model, sampling = _hazard_inputs(plan)
-    return warning_lines(match_hazards(declared_posture(plan.config.engine, "invariant"), model, sampling))
+    lines = warning_lines(list(plan.hazards))
+    for m in plan.hazards:
+        if m.hazard.probes and plan.config.schedule.probes == "none":
+            lines.append(f"{m.hazard.id}: schedule.probes is none, so its threshold ({m.hazard.threshold}) "
+                         "is crossed only by chance; invariance cannot pass untested")
+    lines += [f"hazard probe {side} not formed: {limit}" for side, limit in plan.unformed_probes]
+    return lines
+
+
+def match_posture_hazards(plan: Plan, report: Report) -> None:
+    """The hazards the engines' real invariant posture matches (shipped and the config's own), into
+    `environment.hazards`, before the checks read them."""
+    from oracle.plan import hazard_inputs
+    from oracle.posture.hazards import hazards_for, match_hazards
+
+    posture = report.environment.get("posture")
+    invariant = posture["modes"].get("invariant") if isinstance(posture, dict) else None
+    if invariant is None:
+        return
+    model, sampling = hazard_inputs(plan.config, plan.model_dir)
+    report.environment["hazards"] = [m.to_json() for m in match_hazards(invariant, model, sampling,
+                                                                        hazards_for(plan.config))]
 
 
 def record_posture(plan: Plan, report: Report) -> None:
-    """The engines' posture and digest into the environment; the hazards the invariant posture matches, each
-    cited on every invariant-mode divergence (`evidence.known_hazards`)."""
-    from oracle.posture.hazards import match_hazards
-
-    posture = report.environment.get("posture")
-    if not isinstance(posture, dict):
-        return
-    invariant = posture["modes"].get("invariant")
-    if invariant is None:
-        return
-    model, sampling = _hazard_inputs(plan)
-    found = match_hazards(invariant, model, sampling)
-    report.environment["hazards"] = [m.to_json() for m in found]
-    cited = [m.hazard.cite() for m in found]
+    """Cite the hazards the invariant posture matched (`environment.hazards`) on every invariant-mode
+    divergence (`evidence.known_hazards`)."""
+    cited = [f"{h['id']} ({', '.join(h['references'])})" for h in report.environment.get("hazards") or ()]
     for d in report.divergences if cited else ():
         if d.mode == "invariant":
             d.evidence["known_hazards"] = cited

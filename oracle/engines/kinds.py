@@ -284,7 +284,7 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     start_work = getattr(cls, "start_work", None)
     return EngineKind(name, build, runs_weights=class_needs_weights(cls), code_options=code_options,
                       start_work=start_work if isinstance(start_work, str) else f"{name}'s constructor",
-                      user_code=user_code)
+                      user_code=user_code, declare_posture=posture.declare_stated(cls))
 
 
 # --- lookup -----------------------------------------------------------------------------------------------------

@@ -202,6 +202,27 @@ def declare_openai(engine: Any, mode: str, out: dict[str, Any], env: dict[str, s
     env.update({**server.env, **server.mode_env.get(mode, {})})
 
 
+def declare_stated(cls: Any) -> Any:
+    """The declared-posture filler of an engine class: the class may state the posture it runs with before it
+    starts, as a class attribute `posture` (a mapping of posture fields, optionally per mode: {"invariant":
+    {...}}), so known hazards are matched, and their probes scheduled, at plan time; the rest stays unknown."""
+
+    def declare(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
+        stated = getattr(cls, "posture", None)
+        if not isinstance(stated, dict):
+            return
+        per_mode = stated.get(mode)
+        out.update({**{k: v for k, v in stated.items() if k in FIELDS},
+                    **({k: v for k, v in per_mode.items() if k in FIELDS} if isinstance(per_mode, dict) else {})})
+        if out["device"] == UNKNOWN:
+            out["device"] = engine.device  # the config's engine.device, which the engine is given
+        if out.get("engine") == "native":
+            _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
+                               "device": out["device"]})
+
+    return declare
+
+
 def _vllm_sampler(env: dict[str, str]) -> str:
     """vLLM's top-k/top-p sampler as far as the environment decides it: VLLM_USE_FLASHINFER_SAMPLER=1 asks for
     FlashInfer's, =0 refuses it; unset, vLLM picks by platform and what is installed, which is not known

@@ -13,15 +13,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from oracle.errors import ConfigError
 from oracle.posture import UNKNOWN
 
 Match = Literal["matches", "possible"]
 _OPS = ("contains", "min", "above", "not")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe a hazard asks for: a named stratum (`fa3_kv_256`), or one with its threshold
+    (`pass_tokens` at 48: a pass of 48 tokens below, 49 above; `pass_bytes`: the same in bytes of hidden state)."""
+
+    name: str
+    at: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How trials and the report name it: `fa3_kv_256`, `pass_tokens=48`."""
+        return self.name if self.at is None else f"{self.name}={self.at}"
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,8 @@ class Hazard:
     threshold: str
     references: tuple[str, ...]
     status: str
+    probes: tuple[ProbeSpec, ...] = ()  # the strata that put trials on both sides of the threshold
+    source: str = "hazards.yaml"  # the file that declared it (the shipped table, or the config's `hazards`)
 
     def cite(self) -> str:
         """`id (reference, ...)`: how a report names it."""
@@ -50,35 +68,131 @@ class HazardMatch:
     def to_json(self) -> dict[str, Any]:
         h = self.hazard
         return {"id": h.id, "title": h.title, "match": self.match, "unknown": list(self.unknown),
-                "references": list(h.references), "status": h.status, "threshold": h.threshold}
+                "references": list(h.references), "status": h.status, "threshold": h.threshold,
+                "probes": [p.label for p in h.probes], "source": h.source}
 
     def line(self) -> str:
         why = f" (if {', '.join(self.unknown)} as listed: not reported by the engine)" if self.unknown else ""
         return f"{self.hazard.id}: {self.hazard.title}; {', '.join(self.hazard.references)}{why}"
 
 
-def load_hazards(text: str | None = None) -> tuple[Hazard, ...]:
-    """The shipped hazards file (or `text`, a YAML list of the same entries)."""
+# Probes a hazard may name: the parameterless strata of oracle.posture.probes, and those that take a threshold.
+NAMED_PROBES = ("fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block",
+                "shared_pass")
+THRESHOLD_PROBES = ("pass_tokens", "pass_bytes")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Versions(_Strict):
+    min: str | None = Field(None, description="first version affected (inclusive)")
+    below: str | None = Field(None, description="first version fixed (exclusive)")
+
+
+class HazardEntry(_Strict):
+    """One entry of a hazards file, as YAML gives it (the shipped table and a user's file alike)."""
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    title: str = Field(min_length=1)
+    engine: str = Field(min_length=1, description="the posture's engine: native, vllm, openai, transformers, ...")
+    versions: _Versions = Field(default_factory=_Versions)  # type: ignore[arg-type]
+    when: dict[str, Any] = Field(description="conditions on the invariant posture, model.*, sampling.*, env.*")
+    threshold: str = Field(min_length=1, description="where the break switches on, in words")
+    references: list[str] = Field(min_length=1)
+    status: Literal["open", "fixed", "mitigated"] = "open"
+    probes: list[Any] = Field(default_factory=list, description="probes that cross the threshold: a probe's name, "
+                              "or {pass_tokens: N} / {pass_bytes: N}")
+
+    @field_validator("when")
+    @classmethod
+    def _conditions(cls, when: dict[str, Any]) -> dict[str, Any]:
+        from oracle.posture import FIELDS
+
+        for key, cond in when.items():
+            head, dot, rest = str(key).partition(".")
+            if not ((dot and rest and head in ("model", "sampling", "env")) or (not dot and key in FIELDS)):
+                raise ValueError(f"{key}: not a posture setting ({', '.join(FIELDS)}), model.*, sampling.* "
+                                 "or env.*")
+            for c in cond if isinstance(cond, list) else [cond]:
+                if isinstance(c, dict) and (len(c) != 1 or next(iter(c)) not in _OPS):
+                    raise ValueError(f"{key}: a condition is a value, a list, or one of {', '.join(_OPS)}")
+        return when
+
+    @field_validator("probes")
+    @classmethod
+    def _probes(cls, probes: list[Any]) -> list[Any]:
+        for i, p in enumerate(probes):
+            if isinstance(p, str) and p not in NAMED_PROBES:
+                raise ValueError(f"{i}: {p!r} is not a probe ({', '.join(NAMED_PROBES)}, or {{pass_tokens: N}}, "
+                                 "{pass_bytes: N})")
+            elif not isinstance(p, str):
+                name, at = next(iter(p.items())) if isinstance(p, dict) and len(p) == 1 else (None, 0)
+                if name not in THRESHOLD_PROBES or isinstance(at, bool) or not isinstance(at, int) or at < 1:
+                    raise ValueError(f"{i}: a threshold probe is {{pass_tokens: N}} or {{pass_bytes: N}}, N >= 1 "
+                                     f"(got {p!r})")
+        return probes
+
+    def hazard(self, source: str) -> Hazard:
+        specs = tuple(ProbeSpec(p) if isinstance(p, str) else ProbeSpec(*next(iter(p.items()))) for p in self.probes)
+        return Hazard(id=self.id, title=self.title, engine=self.engine, version_min=self.versions.min,
+                      version_below=self.versions.below, when=dict(self.when), threshold=self.threshold,
+                      references=tuple(self.references), status=self.status, probes=specs, source=source)
+
+
+def load_hazards(text: str | None = None, source: str = "hazards.yaml") -> tuple[Hazard, ...]:
+    """The shipped hazards file (or `text`, a YAML list of the same entries, read from `source`); ConfigError
+    (exit 2) naming the file, the entry and the field of the first problem."""
     if text is None:
         text = resources.files("oracle.posture").joinpath("hazards.yaml").read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(raw, list):
-        raise ConfigError("hazards.yaml: expected a list of hazards")
-    out = []
+        raise ConfigError(f"{source}: expected a list of hazards (- id: ..., engine: ..., when: ...)")
+    out: list[Hazard] = []
     for i, e in enumerate(raw):
-        if not isinstance(e, dict) or not isinstance(e.get("when"), dict):
-            raise ConfigError(f"hazards.yaml: entry {i} needs a mapping with `when`")
-        for key, cond in e["when"].items():
-            if isinstance(cond, dict) and (len(cond) != 1 or next(iter(cond)) not in _OPS):
-                raise ConfigError(f"hazards.yaml: {e.get('id', i)}.when.{key}: one of {', '.join(_OPS)}")
-        versions = e.get("versions") or {}
-        out.append(Hazard(
-            id=str(e["id"]), title=str(e.get("title", "")), engine=str(e["engine"]),
-            version_min=versions.get("min"), version_below=versions.get("below"), when=dict(e["when"]),
-            threshold=str(e.get("threshold", "")), references=tuple(str(r) for r in e.get("references", ())),
-            status=str(e.get("status", "open")),
-        ))
+        name = f"hazard {i}" + (f" ({e['id']})" if isinstance(e, dict) and isinstance(e.get("id"), str) else "")
+        if not isinstance(e, dict):
+            raise ConfigError(f"{source}: {name}: expected a mapping (id, title, engine, when, threshold, ...)")
+        try:
+            entry = HazardEntry.model_validate(e)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "<entry>"
+            msg = "unknown field" if first["type"] == "extra_forbidden" else \
+                "required field missing" if first["type"] == "missing" else \
+                str(first["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"{source}: {name}: {field}: {msg}") from err
+        if any(h.id == entry.id for h in out):
+            raise ConfigError(f"{source}: {name}: id: {entry.id!r} is declared twice")
+        out.append(entry.hazard(source))
     return tuple(out)
+
+
+def load_user_hazards(path: Path) -> tuple[Hazard, ...]:
+    """A config's own hazards file (`hazards:`), validated as the shipped table; ids must not repeat a shipped one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"hazards: cannot read {path} ({getattr(e, 'strerror', None) or e})") from e
+    found = load_hazards(text, str(path))
+    shipped = {h.id for h in load_hazards()}
+    for h in found:
+        if h.id in shipped:
+            raise ConfigError(f"{path}: {h.id}: id: already a shipped hazard (oracle/posture/hazards.yaml); "
+                              "give yours another id")
+    return found
+
+
+def hazards_for(config: Any) -> tuple[Hazard, ...]:
+    """The shipped hazards and the config's own (`hazards:`, resolved against the config's folder)."""
+    shipped = load_hazards()
+    if getattr(config, "hazards", None) is None:
+        return shipped
+    return shipped + load_user_hazards(config.resolve_path(config.hazards))
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -135,7 +249,9 @@ def match_hazard(h: Hazard, posture: dict[str, Any], model: dict[str, Any],
     if str(posture.get("engine")) != h.engine:
         return None
     unknown: list[str] = []
-    in_range = version_in(posture.get("engine_version"), h.version_min, h.version_below)
+    # A hazard without a version range holds for every version, also one the engine does not report.
+    in_range = version_in(posture.get("engine_version"), h.version_min, h.version_below) \
+        if h.version_min is not None or h.version_below is not None else True
     if in_range is False:
         return None
     if in_range is None:

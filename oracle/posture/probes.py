@@ -13,6 +13,15 @@ crosses it on purpose, with one trial per side, read from the engine's config an
 - `prefix_block`: a filler that arrives first sharing block_size - 1, block_size and block_size + 1
   of the target's prompt tokens; only with prefix caching on.
 
+- `shared_pass`: the target beside one filler arriving with it, decoding together (hazards of "any batch");
+- `pass_tokens=N` (a hazard's threshold probe): prompts arriving together that fill one forward pass with
+  N tokens (below) and N + 1 (above); `pass_bytes=B`: the same with N the tokens whose hidden state
+  (hidden_size x the dtype's bytes) holds B bytes.
+
+Probes ignore the config's random ranges (a filler may be longer, a batch larger, a target longer than
+any the config draws): they go as far as the engine's limits allow (its token budget, max_num_seqs,
+the model's context), and a side those limits rule out is reported (`Probes.unformed`) with the limit.
+
 The KV probes need targets longer than a config's prompts may be: they get their own targets
 (`probe-kv256-above`, ...), seeded random tokens, run solo like every target. Everything is drawn
 from the run's seed alone, so a seed gives the same probes everywhere. Probe trials follow the
@@ -25,12 +34,17 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oracle.config import Config
+from oracle.posture.hazards import NAMED_PROBES, ProbeSpec
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
 
-PROBES = ("fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block")
+PROBES = NAMED_PROBES  # the probes a config may name (schedule.probes)
+# Sides of a probe that are over its threshold: a trial of one of them that ran crossed it.
+CROSSING_SIDES = ("at", "above")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FA3_LIMIT = 64  # packed query length x GQA ratio above which FA3 (head_dim 64) changes its configuration
 FA3_KV = 128  # the KV length above which that change shows
 # Fillers of a budget probe are at most this long, so no one of them is longer than a prompt needs to be.
@@ -42,6 +56,7 @@ _SEED_SALT = 0x9E3779B1  # probe draws use their own stream, so adding probes ne
 class Probes:
     targets: tuple[Target, ...]  # targets made for the probes (appended after the run's)
     trials: tuple[Trial, ...]
+    unformed: tuple[tuple[str, str], ...] = ()  # (`probe:side`, the limit that ruled it out)
 
 
 def applicable(config: Config) -> tuple[str, ...]:
@@ -57,11 +72,31 @@ def applicable(config: Config) -> tuple[str, ...]:
     return tuple(p for p in PROBES if p not in skip)
 
 
-def selected(config: Config) -> tuple[str, ...]:
-    """`schedule.probes` (all: every probe that applies; []: none), in PROBES order, applicable ones only."""
+def selected(config: Config, specs: Sequence[ProbeSpec] = ()) -> tuple[ProbeSpec, ...]:
+    """The probes a run adds: `schedule.probes` (all: every probe that applies; a list: those that apply;
+    auto: none of its own), then those of the known hazards (`specs`), each once; none at all with `none`."""
     chosen = config.schedule.probes
+    if chosen == "none":
+        return ()
     names = applicable(config)
-    return names if chosen == "all" else tuple(p for p in names if p in chosen)
+    own = names if chosen == "all" else tuple(p for p in names if p in chosen) if isinstance(chosen, list) else ()
+    out = [ProbeSpec(p) for p in own]
+    for spec in specs:
+        if spec not in out:
+            out.append(spec)
+    return tuple(out)
+
+
+def inapplicable(config: Config, spec: ProbeSpec) -> str | None:
+    """Why a hazard's probe cannot run on this engine at all (the setting that rules it out), or None."""
+    if spec.at is not None or spec.name in applicable(config):
+        return None
+    e = config.engine
+    if spec.name == "chunk_budget" and not e.enable_chunked_prefill:
+        return "engine.enable_chunked_prefill is off: no pass is cut at the budget"
+    if spec.name == "prefix_block" and not e.enable_prefix_caching:
+        return "engine.enable_prefix_caching is off: no block is cached"
+    return f"sampling.max_tokens {config.sampling.max_tokens} < 3: no decode pass is left to share with a prefill"
 
 
 def _token_ids(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
@@ -81,9 +116,17 @@ class _Builder:
         self.context = context
         self.new_targets: list[Target] = []
         self.trials: list[Trial] = []
+        self.unformed: list[tuple[str, str]] = []
 
     def fits(self, n: int) -> bool:
         return self.context is None or n + self.config.sampling.max_tokens <= self.context
+
+    def cannot(self, probe: str, side: str, limit: str) -> None:
+        self.unformed.append((f"{probe}:{side}", limit))
+
+    def too_long(self, n: int) -> str:
+        return (f"{n} prompt tokens + sampling.max_tokens {self.config.sampling.max_tokens} exceed the model's "
+                f"context of {self.context}")
 
     def target(self, name: str, length: int) -> int:
         """The index of the probe target `name` of `length` tokens, made once."""
@@ -111,13 +154,19 @@ class _Builder:
 
     def beside_decode(self, probe: str, side: str, target_len: int, name: str, query: int) -> None:
         """The target (alone first, prefilled) decoding when a filler's prefill of `query` tokens arrives."""
-        if not self.fits(target_len) or query + 1 > self.config.engine.max_num_batched_tokens:
-            return
-        target = self.target(name, target_len)
+        budget = self.config.engine.max_num_batched_tokens
+        if not self.fits(target_len):
+            return self.cannot(probe, side, self.too_long(target_len))
+        if query + 1 > budget:
+            return self.cannot(probe, side, f"engine.max_num_batched_tokens {budget} < {query + 1} (the filler's "
+                               "prefill beside the target's decode)")
         arrival = self.prefill_steps(target_len) + 1  # one decode pass alone, then the filler's prefill joins
         if arrival >= self.config.sampling.max_tokens:
-            return
+            return self.cannot(probe, side, f"sampling.max_tokens {self.config.sampling.max_tokens}: the target "
+                               f"is done before a prefill can join its decode (step {arrival})")
+        target = self.target(name, target_len)
         self.add(probe, side, target, [self.filler(query, arrival)])
+        return None
 
     def fa3(self, name: str) -> None:
         q_at = FA3_LIMIT // self.gqa  # the longest query whose x GQA stays within the limit
@@ -131,28 +180,69 @@ class _Builder:
         query = 2 * (q_at + 1)  # well over the limit: the KV side alone decides
         if below >= 1:
             self.beside_decode(name, "below", below, f"probe-kv{kv}-below", query)
+        else:
+            self.cannot(name, "below", f"sampling.max_tokens {self.config.sampling.max_tokens} >= {kv}: every "
+                        "target's KV length passes the boundary")
         self.beside_decode(name, "above", kv + 1, f"probe-kv{kv}-above", query)
 
     def chunk_budget(self) -> None:
         budget = self.config.engine.max_num_batched_tokens
-        target = self.rng.randrange(self.base) if self.base else None
-        if target is None:
-            return
+        if not self.base:
+            return self.cannot("chunk_budget", "at", "no target of the config's prompts")
+        target = self.rng.randrange(self.base)
         t_len = len(self.targets[target].token_ids)
         for side, demand in (("below", budget - 1), ("at", budget), ("above", budget + 1)):
-            rest = demand - t_len  # filler prompt tokens that arrive together with the target
-            if rest < 1:
-                continue
-            fillers = []
-            while rest > 0:
-                n = min(rest, _FILLER_CAP)
-                if not self.fits(n):
-                    return
-                fillers.append(self.filler(n, 0))
-                rest -= n
-            if len(fillers) + 1 > self.config.engine.max_num_seqs:
-                return
-            self.add("chunk_budget", side, target, fillers, 0, budget)
+            self.fill_pass("chunk_budget", side, target, demand - t_len, budget)
+        return None
+
+    def fill_pass(self, probe: str, side: str, target: int, rest: int, budget: int | None) -> None:
+        """The target and fillers of `rest` prompt tokens in all, arriving together (one pass when the budget holds them)."""
+        if rest < 1:
+            return self.cannot(probe, side, f"the target's prompt alone holds {len(self.targets[target].token_ids)} "
+                               f"tokens: no filler can make the pass {rest + len(self.targets[target].token_ids)}")
+        fillers = []
+        while rest > 0:
+            n = min(rest, _FILLER_CAP)
+            if not self.fits(n):
+                return self.cannot(probe, side, self.too_long(n))
+            fillers.append(self.filler(n, 0))
+            rest -= n
+        seqs = self.config.engine.max_num_seqs
+        if len(fillers) + 1 > seqs:
+            return self.cannot(probe, side, f"engine.max_num_seqs {seqs} < {len(fillers) + 1} sequences "
+                               f"(fillers of at most {_FILLER_CAP} tokens)")
+        self.add(probe, side, target, fillers, 0, budget)
+        return None
+
+    def pass_tokens(self, label: str, n: int) -> None:
+        """One forward pass of `n` prompt tokens (below) and of n + 1 (above): the run's shortest target and
+        fillers arriving together, the engine's whole budget for the trial."""
+        budget = self.config.engine.max_num_batched_tokens
+        if n + 1 > budget:
+            for side in ("below", "above"):
+                self.cannot(label, side, f"engine.max_num_batched_tokens {budget} < {n + 1}: no pass holds the "
+                            "threshold's tokens")
+            return
+        if not self.base:
+            return self.cannot(label, "above", "no target of the config's prompts")
+        target = min(range(self.base), key=lambda i: (len(self.targets[i].token_ids), i))
+        t_len = len(self.targets[target].token_ids)
+        for side, demand in (("below", n), ("above", n + 1)):
+            self.fill_pass(label, side, target, demand - t_len, None)
+        return None
+
+    def shared_pass(self) -> None:
+        """The target beside one filler that arrives with it and decodes as long: every pass is shared."""
+        seqs = self.config.engine.max_num_seqs
+        if not self.base:
+            return self.cannot("shared_pass", "above", "no target of the config's prompts")
+        if seqs < 2:
+            return self.cannot("shared_pass", "above", f"engine.max_num_seqs {seqs}: no pass holds two sequences")
+        target = self.rng.randrange(self.base)
+        length = len(self.targets[target].token_ids)
+        self.add("shared_pass", "above", target,
+                 [self.filler(length, 0, max_tokens=self.config.sampling.max_tokens)], 0)
+        return None
 
     def prefix_block(self) -> None:
         block = self.config.engine.block_size
@@ -163,6 +253,8 @@ class _Builder:
         elif self.fits(need):
             target = self.target(f"probe-prefix-{need}", need)
         else:
+            for side in ("below", "at", "above"):
+                self.cannot("prefix_block", side, self.too_long(need))
             return
         for side, shared in (("below", block - 1), ("at", block), ("above", block + 1)):
             # The filler starts with the target's prompt, arrives first and is still running when the
@@ -172,27 +264,72 @@ class _Builder:
 
 
 def make_probes(config: Config, targets: Sequence[Target], model_dir: Path, seed: int, first_id: int,
-                vocab_size: int) -> Probes:
-    """The probe trials of a run (ids from `first_id`) and the targets they need beyond the run's."""
+                vocab_size: int, specs: Sequence[ProbeSpec] = ()) -> Probes:
+    """The probe trials of a run (ids from `first_id`) and the targets they need beyond the run's.
+
+    `specs`: the probes of the known hazards the run's posture matches (oracle.posture.hazards); they run
+    besides `schedule.probes` unless that says `none`, and one that cannot run on this engine is reported."""
     from oracle.models.context import model_context
     from oracle.posture import model_facts
 
-    names = selected(config)
-    if not names:
+    chosen = selected(config, specs)
+    if not chosen:
         return Probes((), ())
-    gqa = model_facts(model_dir).get("gqa_ratio")
+    facts = model_facts(model_dir)
+    gqa = facts.get("gqa_ratio")
     b = _Builder(config, targets, seed, first_id, vocab_size, gqa if isinstance(gqa, int) else 1,
                  model_context(model_dir))
-    for name in names:
-        if name == "fa3_packed_query" and not isinstance(gqa, int):
-            continue  # its threshold is a query length x the GQA ratio: unknown ratio, no honest sides
-        if name.startswith("fa3"):
+    for spec in chosen:
+        name = spec.name
+        why = inapplicable(config, spec)
+        if why is not None:
+            b.cannot(spec.label, "above", why)
+        elif name == "fa3_packed_query" and not isinstance(gqa, int):
+            # its threshold is a query length x the GQA ratio: unknown ratio, no honest sides
+            b.cannot(name, "above", "the model's GQA ratio is not in config.json (num_attention_heads, "
+                     "num_key_value_heads)")
+        elif name.startswith("fa3"):
             b.fa3(name)
         elif name == "chunk_budget":
             b.chunk_budget()
-        else:
+        elif name == "prefix_block":
             b.prefix_block()
-    return Probes(tuple(b.new_targets), tuple(b.trials))
+        elif name == "shared_pass":
+            b.shared_pass()
+        elif name == "pass_tokens" and spec.at is not None:
+            b.pass_tokens(spec.label, spec.at)
+        elif name == "pass_bytes" and spec.at is not None:
+            per_token = _token_bytes(model_dir, config.engine.dtype)
+            if per_token is None:
+                b.cannot(spec.label, "above", "the model's hidden_size is not in config.json")
+            else:
+                b.pass_tokens(spec.label, spec.at // per_token)
+    return Probes(tuple(b.new_targets), tuple(b.trials), tuple(b.unformed))
+
+
+def _token_bytes(model_dir: Path, dtype: str) -> int | None:
+    """Bytes of one token's hidden state (hidden_size x the dtype's size): what an all-reduce of a pass moves."""
+    from oracle.models.architectures import read_config_json
+    from oracle.models.size import read_dims
+
+    try:
+        hidden = read_dims(read_config_json(model_dir), model_dir / "config.json").get("hidden_size")
+    except Exception:  # noqa: BLE001 - no config.json: the probe is reported as not formed
+        return None
+    return hidden * _DTYPE_BYTES.get(dtype, 2) if isinstance(hidden, int) and hidden > 0 else None
+
+
+def crossed(spec: ProbeSpec, trial: Trial, evidence: Sequence[Any]) -> bool:
+    """Whether a trial that ran crossed `spec`'s threshold: a probe trial of it on a side over the threshold,
+    or (pass_tokens, shared_pass) any trial whose per-pass evidence shows a pass over it."""
+    name, _, side = trial.probe.partition(":")
+    if name == spec.label and side in CROSSING_SIDES:
+        return True
+    if spec.name == "shared_pass":
+        return any(getattr(e, "num_seqs", 0) >= 2 for e in evidence)
+    if spec.name == "pass_tokens" and spec.at is not None:
+        return any(getattr(e, "num_tokens", 0) > spec.at for e in evidence)
+    return False
 
 
 def probe_hits(trial: Trial) -> tuple[str, ...]:

@@ -143,7 +143,21 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
         if rows:
             _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
             _replay_lines(console, report, report_path, checks, rows)
+    if report.variance_map is not None:
+        _variance_map_table(console, report)
     _footer(console, report, report_path)
+
+
+def _variance_map_table(console: Console, report: Report) -> None:
+    from oracle.variance_map import MAP_HEAD, map_rows, map_title
+
+    assert report.variance_map is not None
+    t = Table(title=map_title(report.variance_map), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in MAP_HEAD:
+        t.add_column(col, overflow="fold")
+    for row in map_rows(report.variance_map):
+        t.add_row(*(terminal_text(x) for x in row))
+    console.print(t)
 
 
 def _checks_table(console: Console, report: Report, narrow: bool) -> None:

@@ -224,6 +224,14 @@ def render_html(report: Report, report_path: str = "report.json") -> str:
     golden = "".join(f"<li>{e(x)}</li>" for c in report.checks if c.name == "golden" and c.verdict != "pass"
                      for x in golden_lines(c))
     golden = f"<h2>Golden: what differs</h2><ul>{golden}</ul>" if golden else ""
+    vmap = ""
+    if report.variance_map is not None:
+        from oracle.variance_map import MAP_HEAD, map_rows, map_title
+
+        vmap = (f"<h2>{e(map_title(report.variance_map))}</h2><table><tr>"
+                + "".join(f"<th>{e(h)}</th>" for h in MAP_HEAD) + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{e(x)}</td>" for x in row) + "</tr>"
+                          for row in map_rows(report.variance_map)) + "</table>")
     cov = report.coverage
     cov_html = ("<h2>Coverage</h2><table><tr><th>condition</th><th>trials</th></tr>"
                 + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in cov.items()) + "</table>") if cov else ""
@@ -235,7 +243,7 @@ def render_html(report: Report, report_path: str = "report.json") -> str:
 <h2>Checks</h2>
 <table><tr><th>check</th><th>requirement</th><th>verdict</th><th>trials</th><th>divergent</th><th>detail</th></tr>
 {rows}</table>
-{golden}{cov_html}
+{golden}{vmap}{cov_html}
 <h2>Plots</h2>
 {_plots(report)}
 <h2>Divergences ({len(divs)})</h2>

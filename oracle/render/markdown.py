@@ -48,6 +48,12 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
             lines += _divergence_section(check, rows, max_rows)
             if check in replays:  # a code span: shown literally
                 lines += ["", f"Replay: `{terminal_text(replays[check]).replace('`', '')}`"]
+    if report.variance_map is not None:
+        from oracle.variance_map import MAP_HEAD, map_rows, map_title
+
+        lines += ["", f"### {markdown_text(map_title(report.variance_map))}", "", "| " + " | ".join(MAP_HEAD) + " |",
+                  "| " + " | ".join("---" for _ in MAP_HEAD) + " |"]
+        lines += ["| " + " | ".join(markdown_text(x) for x in row) + " |" for row in map_rows(report.variance_map)]
     if report.coverage:
         lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
         lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in report.coverage.items()]

@@ -120,8 +120,13 @@ def test_cli_summary_shows_posture_digest_and_hazard(fake_model: Path, tmp_path:
 
     path = tmp_path / "fa3.yaml"
     path.write_text(yaml.safe_dump(_fa3_config(fake_model, tmp_path)))
-    assert main(["run", str(path)]) == 0
+    # Nothing diverges, but no trial crossed the matched hazard's threshold (the engine states no posture
+    # before it starts, so no probe was planned): invariance is vacuous, the run fails closed.
+    assert main(["run", str(path)]) == 1
     out = capsys.readouterr().out
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    inv = next(c for c in written["checks"] if c["name"] == "invariance")
+    assert inv["verdict"] == "vacuous" and "vllm-fa3-head-dim-64" in inv["evidence"]["untested_hazards"]
     digest = json.loads((tmp_path / "report" / "report.json").read_text())["environment"]["posture"]["digest"]
     assert f"posture {digest}" in out
     assert "invariance claimed, known not to hold: vllm-fa3-head-dim-64" in out
