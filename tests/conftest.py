@@ -86,3 +86,18 @@ def write_fake_checkpoint(path: Path, vocab_size: int = 97) -> Path:
 @pytest.fixture
 def fake_model(tmp_path: Path) -> Path:
     return write_fake_checkpoint(tmp_path / "fake-model")
+
+
+@pytest.fixture
+def vllm_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning a vLLM config checks that the vllm package is installed (only the worker imports it): a test
+    that plans one without starting it gets an empty `vllm` module where the real one is absent."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("vllm") is None:
+        vllm = types.ModuleType("vllm")
+        vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+        monkeypatch.setitem(sys.modules, "vllm", vllm)

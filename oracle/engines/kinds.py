@@ -123,10 +123,27 @@ def _openai_start_timeout(cfg: EngineConfig) -> tuple[str, float] | None:
 
 # Options of a started process: its argv and environment (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS, ...).
 PROCESS_OPTIONS = ("command", "env", "mode_env")
+# Environment variables that only choose threads, cores, devices or the engine's own kernels, and name no file
+# or module: an environment of these alone loads no code (any other variable may: LD_PRELOAD, PYTHONPATH,
+# VLLM_PLUGINS, NCCL_NET_PLUGIN, ...).
+INERT_ENV = frozenset({
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "TOKENIZERS_PARALLELISM",
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_ATTN_SPLIT_KV",
+    "VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_ENABLE_V1_MULTIPROCESSING",
+})
+
+
+def _loads_code(key: str, value: Any) -> bool:
+    """Whether a process option's value may load code: a command always; an environment (or per-mode
+    environments) unless every variable is in INERT_ENV."""
+    if key == "command" or not isinstance(value, Mapping):
+        return bool(value)
+    envs = value.values() if key == "mode_env" else [value]
+    return any(not isinstance(env, Mapping) or any(str(k) not in INERT_ENV for k in env) for env in envs)
 
 
 def _process_options(options: Mapping[str, Any]) -> list[str]:
-    return [key for key in PROCESS_OPTIONS if options.get(key)]
+    return [key for key in PROCESS_OPTIONS if options.get(key) and _loads_code(key, options[key])]
 
 
 # engine_args keys whose value vLLM imports or loads by name: `*_cls`, `*_class`, `*_module_path`,

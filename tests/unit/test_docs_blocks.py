@@ -39,8 +39,13 @@ def _is_kubernetes(data: Any) -> bool:
     return isinstance(data, dict) and "spec" in data and "model" not in data
 
 
+def _is_hazards(data: Any) -> bool:
+    """A hazards file (a list of entries; test_hazard_gate loads docs/hazards.md's as one)."""
+    return isinstance(data, list)
+
+
 def _is_config(data: Any) -> bool:
-    return not (_is_workflow(data) or _is_kubernetes(data))
+    return not (_is_workflow(data) or _is_kubernetes(data) or _is_hazards(data))
 
 
 def _params(lang: str, keep: Any = lambda text: True) -> list[Any]:

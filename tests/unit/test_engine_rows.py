@@ -85,7 +85,8 @@ def test_the_shipped_configs_need_trust_only_where_they_run_code() -> None:
     import yaml
 
     flagged = {p.stem: code_loading_fields(yaml.safe_load(p.read_text())) for p in example_dir().glob("*.yaml")}
-    assert flagged.pop("server") == ["engine.options.command", "engine.options.env"]
+    # server.yaml's env only sizes the KV cache and picks the in-process engine core (INERT_ENV)
+    assert flagged.pop("server") == ["engine.options.command"]
     assert not any(flagged.values()), flagged
 
 
@@ -251,3 +252,12 @@ def test_config_init_names_the_rows_examples_for_an_unknown_engine(tmp_path: Pat
     err = capsys.readouterr().err
     assert "--engine: no example config for 'nosuch'" in err and all(name in err for name in BUILTIN)
     assert not (tmp_path / "o.yaml").exists()
+
+
+def test_an_environment_of_inert_variables_loads_no_code_and_any_other_does() -> None:
+    inert = {"engine": {"kind": "vllm", "options": {"env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}}}}
+    assert code_loading_fields(inert) == []
+    mixed = {"engine": {"kind": "vllm", "options": {"env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_PLUGINS": "x"}}}}
+    assert code_loading_fields(mixed) == ["engine.options.env"]
+    per_mode = {"engine": {"kind": "openai", "options": {"mode_env": {"invariant": {"PYTHONPATH": "/tmp"}}}}}
+    assert code_loading_fields(per_mode) == ["engine.options.mode_env"]

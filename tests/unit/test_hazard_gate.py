@@ -161,7 +161,7 @@ def test_every_shipped_hazard_names_probes() -> None:
 
 
 def test_a_shipped_vllm_gpu_config_crosses_fa3_without_a_probes_line(fake_model: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                    monkeypatch: pytest.MonkeyPatch, vllm_package: None) -> None:
     """configs/vllm-gpu.yaml with its `probes:` line removed, on a model of head_dim 64 (vLLM 0.26 on a GPU, as
     the config would see it): the FA3 hazard is possible, so its probes are in the plan."""
     import json

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.machinery
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +130,7 @@ def test_cli_summary_shows_posture_digest_and_hazard(fake_model: Path, tmp_path:
 
 
 def test_a_vllm_fa3_config_is_warned_before_it_starts(fake_model: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch, vllm_package: None) -> None:
     """The config's own posture (before any engine starts): vLLM 0.26 on a GPU, head_dim 64; the backend is
     only known once the engine runs, so the FA3 hazard is named as possible."""
     import torch
@@ -142,9 +139,6 @@ def test_a_vllm_fa3_config_is_warned_before_it_starts(fake_model: Path, tmp_path
 
     monkeypatch.setattr(oracle.posture, "installed_version", lambda *names: "0.26.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    vllm = types.ModuleType("vllm")  # the plan checks that the package is installed (it is imported only by the worker)
-    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
     cfg = _fa3_config(fake_model, tmp_path)
     cfg["engine"] = {"kind": "vllm", "options": {"invariance": "vllm"}}
     lines = declared_hazards(plan_run(parse_config(cfg)))

@@ -165,7 +165,7 @@ def _tp2_config(model: Path) -> dict[str, Any]:
 
 
 def test_declared_tp2_posture_guesses_no_all_reduce_and_warns_no_cuda_hazard_on_a_cpu(
-        fake_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_model: Path, monkeypatch: pytest.MonkeyPatch, vllm_package: None) -> None:
     import torch
 
     import oracle.posture
@@ -176,9 +176,9 @@ def test_declared_tp2_posture_guesses_no_all_reduce_and_warns_no_cuda_hazard_on_
     declared = declared_posture(plan.config.engine, "invariant")
     assert declared["tensor_parallel"] == 2 and declared["all_reduce"] == UNKNOWN
     assert not any("custom-all-reduce" in line for line in declared_hazards(plan))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the plan matches hazards: plan again
     assert any(line.startswith("invariance claimed, may not hold: vllm-custom-all-reduce")
-               for line in declared_hazards(plan))
+               for line in declared_hazards(plan_run(parse_config(_tp2_config(fake_model)))))
 
 
 def test_rank_devices_and_tp_size_are_in_the_posture_and_its_digest() -> None:
