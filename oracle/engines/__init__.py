@@ -35,14 +35,15 @@ def check_engine_packages(cfg: EngineConfig) -> None:
     row = known_row(cfg.kind)
     if row is None:
         return  # a module:Class names its own imports; check_engine_config imports it
-    for package in row.packages:
+    needs = [("engine.kind", package, row.install) for package in row.packages] + row.config_packages(cfg)
+    for field, package, install in needs:
         try:
             found = importlib.util.find_spec(package) is not None
         except (ImportError, ValueError):  # a None entry in sys.modules (a blocked import), a broken package
             found = False
         if not found:
-            raise ConfigError(f"engine.kind: the {cfg.kind} engine needs the {package} package, which is not "
-                              f"installed: {row.install}")
+            what = f"the {cfg.kind} engine" if field == "engine.kind" else "the server it starts"
+            raise ConfigError(f"{field}: {what} needs the {package} package, which is not installed: {install}")
 
 
 def check_engine_config(cfg: EngineConfig) -> None:

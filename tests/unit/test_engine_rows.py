@@ -131,6 +131,31 @@ def test_a_missing_vllm_is_a_config_error_with_the_install_line(fake_model: Path
     assert "Traceback" not in err and not report_dir.exists()
 
 
+def test_the_generated_server_config_without_its_server_package_is_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`oracle config init --engine openai` writes a config that starts vLLM's server with this interpreter:
+    where vLLM is not installed, that is exit 2 naming the command and the install line, before any report
+    folder (it was exit 3, the server's ModuleNotFoundError)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as where vLLM is not installed
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "init", "--engine", "openai", "server.yaml"]) == 0
+    capsys.readouterr()
+    assert main(["run", "server.yaml", "--report-dir", "report"]) == 2
+    err = capsys.readouterr().err
+    assert "engine.options.command: the server it starts needs the vllm package" in err
+    assert "pip install 'oracle-determinism[vllm]'" in err and not (tmp_path / "report").exists()
+
+
+def test_a_server_command_of_another_program_needs_no_package_here() -> None:
+    cfg = parse_config({"model": "preset:tiny-qwen3", "prompts": {"random": {"count": 1}},
+                        "engine": {"kind": "openai", "options": {"command": ["sglang-server", "--host", "{host}",
+                                                                             "--port", "{port}"]}}})
+    assert kind_of(cfg.engine).config_packages(cfg.engine) == []
+    python_m = cfg.engine.model_copy(update={"options": {"command": ["{python}", "-m", "sglang.launch_server",
+                                                                      "--host", "{host}", "--port", "{port}"]}})
+    assert kind_of(python_m).config_packages(python_m) == [("engine.options.command", "sglang", "pip install sglang")]
+
+
 # --- a third-party engine through the entry point -----------------------------------------------------------
 
 ROWS_MODULE = '''
