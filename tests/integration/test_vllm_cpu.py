@@ -8,7 +8,6 @@ start on 2 cores, so the tests share few of them.
 from __future__ import annotations
 
 import os
-import platform
 import random
 import signal
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cpu_info import cpu_label
 
 pytest.importorskip("vllm")
 
@@ -146,7 +146,7 @@ def test_oracle_finds_production_drift_and_oracle_kernels_hold(small_qwen3: Path
     assert "aten::mm" in engines["invariant"]["covered_ops"]
     if checks["drift"].divergent == 0:
         pytest.xfail(f"production vLLM gave the solo bits in all {checks['drift'].trials} batched trials on this "
-                     f"CPU ({platform.processor() or platform.machine()}, {_simd()}): no drift to find here")
+                     f"CPU ({cpu_label()}): no drift to find here")
     assert checks["drift"].divergent > 0
 
 
@@ -169,11 +169,3 @@ def test_shipped_vllm_cpu_config_has_a_passing_negative_control(small_qwen3: Pat
     assert posture["invariant"]["env"]["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
     assert posture["production"]["device"] == "cpu" and posture["production"]["engine_version"] == "0.32.0"
 
-
-def _simd() -> str:
-    """The widest x86 vector extension the CPU reports (Linux), which decides oneDNN's kernels."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return "unknown SIMD"
-    return next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags), "no AVX2")

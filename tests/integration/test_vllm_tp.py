@@ -8,10 +8,10 @@ slow: a TP 2 engine takes a minute or two to start on 2 cores.
 from __future__ import annotations
 
 import os
-import platform
 from pathlib import Path
 
 import pytest
+from cpu_info import cpu_label
 
 pytest.importorskip("vllm")
 
@@ -74,7 +74,7 @@ def test_shipped_tp2_config_holds_invariance_in_both_ranks_and_production_drifts
     # solo bits in all 16 trials (as at TP 1, tests/integration/test_vllm_cpu.py): no drift to find there.
     if checks["drift"].divergent == 0:
         pytest.xfail(f"production vLLM at TP 2 gave the solo bits in all {checks['drift'].trials} trials on this "
-                     f"CPU ({platform.processor() or platform.machine()}, {_simd()}): no drift to find here")
+                     f"CPU ({cpu_label()}): no drift to find here")
     assert checks["negative_control"].verdict == "pass"
 
 
@@ -98,11 +98,3 @@ def test_a_rank_without_the_kernels_fails_the_run_before_any_trial(small_qwen3: 
     # Stopped before any trial: no check passed or failed.
     assert not [c.name for c in report.checks if c.verdict in ("pass", "fail")]
 
-
-def _simd() -> str:
-    """The widest x86 vector extension the CPU reports (Linux), which decides oneDNN's kernels."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return "unknown SIMD"
-    return next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags), "no AVX2")
