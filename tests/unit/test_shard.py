@@ -278,15 +278,20 @@ def test_supervised_cli_passes_shard_to_the_child(fake_model: Path, tmp_path: Pa
     assert _json(tmp_path / "m")["shard"]["count"] == 2
 
 
-def test_a_shard_without_a_shared_seed_is_refused(fake_model: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """Each shard draws the whole schedule from the seed: a seed drawn per process would slice N schedules."""
+def _config_without_a_seed(fake_model: Path, tmp_path: Path) -> Path:
     import yaml
 
     data = _config(fake_model, tmp_path / "r")
     del data["schedule"]["seed"]
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_a_shard_without_a_shared_seed_is_refused(fake_model: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Each shard draws the whole schedule from the seed: a seed drawn per process would slice N schedules."""
+    config = _config_without_a_seed(fake_model, tmp_path)
     assert main(["run", str(config), "--shard", "0/2", "--report-dir", str(tmp_path / "s0")]) == 2
     err = capsys.readouterr().err
     assert "--shard: give every shard the same --seed S (or set schedule.seed in the config)" in err
@@ -295,12 +300,7 @@ def test_a_shard_without_a_shared_seed_is_refused(fake_model: Path, tmp_path: Pa
 
 def test_a_shard_says_it_is_a_shard_not_the_runs_verdict(fake_model: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import yaml
-
-    data = _config(fake_model, tmp_path / "r")
-    del data["schedule"]["seed"]
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = _config_without_a_seed(fake_model, tmp_path)
     assert main(["run", str(config), "--seed", "5", "--shard", "1/2", "--report-dir", str(tmp_path / "s1")]) == 0
     said = "shard 1/2 of seed 5 ran (exit 0): merge the shards to judge"
     out = capsys.readouterr().out
