@@ -159,24 +159,24 @@ def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
         ev["localize_notes"] = list(result.localize_notes)
     recs += shrunk
     if n == 0:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
                                   message="no trial completed"), tuple(recs))
     failing = [r for r in recs if not r.shrunk]
     if failing or shrunk:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed(name, requirement, trials=n,
                                   divergent=len(failing), evidence=ev,
                                   message=_failure_message(failing, shrunk, n, ev)), tuple(recs))
     if ev["trials_batched"] == 0:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", trials=n, evidence=ev,
+        return Judged(CheckResult.vacuous(name, requirement, trials=n, evidence=ev,
                                   message="no trial put a target in a forward pass with another sequence"))
     untested = untested_hazards(runs) if name == "invariance" else {}
     if untested:
         ev["untested_hazards"] = untested
         why = "; ".join(f"{h}: {w}" for h, w in untested.items())
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", trials=n, evidence=ev,
+        return Judged(CheckResult.vacuous(name, requirement, trials=n, evidence=ev,
                                   message=f"{n} trials bitwise equal to the solo reference, but a known hazard of "
                                           f"this posture went untested (no trial crossed its threshold): {why}"))
-    return Judged(CheckResult(name=name, requirement=requirement, verdict="pass", trials=n, evidence=ev,
+    return Judged(CheckResult.passed(name, requirement, trials=n, evidence=ev,
                               message=f"{n} trials bitwise equal to the solo reference, "
                                       f"{ev['trials_batched']} batched"))
 
@@ -296,11 +296,11 @@ def _drift_verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[
     if cfg.max_ulp is not None and unmeasured:
         over.append(f"{unmeasured} past any max ULP (a different token or length)")
     if over:
-        return Judged(CheckResult(name="drift", requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed("drift", requirement, trials=n,
                                   divergent=len(recs), evidence=ev, message=msg + "; " + "; ".join(over)),
                       tuple(recs))
-    verdict = "vacuous" if n == 0 or ev["trials_batched"] == 0 else "pass"
-    return Judged(CheckResult(name="drift", requirement=requirement, verdict=verdict, trials=n,  # type: ignore[arg-type]
+    made = CheckResult.vacuous if n == 0 or ev["trials_batched"] == 0 else CheckResult.passed
+    return Judged(made("drift", requirement, trials=n,
                               divergent=len(recs), evidence=ev, message=msg), tuple(recs))
 
 
@@ -326,14 +326,14 @@ def repeatability(runs: Runs, requirement: str) -> Judged:
                 recs.append(record(runs, "repeatability", result.mode, t, t.target, again, d, "nondeterminism"))
     ev = {"modes": [r.mode for r in (runs.inv, runs.prod) if r is not None], "repeated": n}
     if n == 0:
-        return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous("repeatability", requirement, evidence=ev,
                                   message="no trial was repeated"))
     if recs:
-        return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed("repeatability", requirement, trials=n,
                                   divergent=len(recs), evidence=ev,
                                   message=f"{len(recs)} of {n} repeated trials differed: run-to-run "
                                           "nondeterminism"), tuple(recs))
-    return Judged(CheckResult(name="repeatability", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+    return Judged(CheckResult.passed("repeatability", requirement, trials=n, evidence=ev,
                               message=f"{n} repeated trials bitwise equal"))
 
 
@@ -379,26 +379,24 @@ def fidelity(runs: Runs, requirement: str) -> Judged:
     if max_kl is not None and not within(max_kl, cfg.max_kl):
         problems.append(f"max KL {max_kl:.3g} > {cfg.max_kl}")
     if n == 0:
-        return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous("fidelity", requirement, evidence=ev,
                                   message="no target ran in both modes"))
     if problems:
-        return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed("fidelity", requirement, trials=n,
                                   divergent=len(problems), evidence=ev, message="; ".join(problems[:3])))
-    return Judged(CheckResult(name="fidelity", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+    return Judged(CheckResult.passed("fidelity", requirement, trials=n, evidence=ev,
                               message=f"invariant within {max_lp:.2g} logprob of production"))
 
 
 def negative_control(runs: Runs, requirement: str) -> Judged:
     if runs.prod is None:
-        return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="vacuous",
-                                  message="production mode did not run"))
+        return Judged(CheckResult.vacuous("negative_control", requirement, message="production mode did not run"))
     d = drift(runs, "report").result
     if d.divergent:
-        return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="pass",
-                                  trials=d.trials, divergent=d.divergent,
+        return Judged(CheckResult.passed("negative_control", requirement, trials=d.trials, divergent=d.divergent,
                                   message="production diverged, so the schedule can tell a batch-variant "
                                           "engine apart"))
-    return Judged(CheckResult(name="negative_control", requirement=requirement, verdict="vacuous", trials=d.trials,
+    return Judged(CheckResult.vacuous("negative_control", requirement, trials=d.trials,
                               message="production never diverged: this schedule cannot tell a batch-variant "
                                       "engine from an invariant one (widen batch sizes, lengths or budgets)"))
 
@@ -418,13 +416,12 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
                                inv.localized.get(("prefill", t, step))))
     n = len(inv.prefill)
     if n == 0:
-        return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="vacuous",
-                                  message="nothing re-prefilled"))
+        return Judged(CheckResult.vacuous("prefill_decode", requirement, message="nothing re-prefilled"))
     if recs:
-        return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed("prefill_decode", requirement, trials=n,
                                   divergent=len(recs), message=f"{len(recs)} of {n} re-prefilled steps differ "
                                                                "from decode"), tuple(recs))
-    return Judged(CheckResult(name="prefill_decode", requirement=requirement, verdict="pass", trials=n,
+    return Judged(CheckResult.passed("prefill_decode", requirement, trials=n,
                               message=f"{n} generated steps bitwise equal when their prefix is prefilled again"))
 
 
@@ -445,25 +442,25 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
     cold_hits = sum(max((e.num_cached_tokens for e in cold.evidence), default=0) > 0 for cold, _ in inv.prefix.values())
     ev = {"targets": n, "warm_runs_with_cache_hits": hits, "cold_runs_with_cache_hits": cold_hits}
     if cold_hits:  # the reset did not empty the cache: no run here was cold, so warm vs cold says nothing
-        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
+        return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
                                   evidence=ev, message=f"{cold_hits} of {n} cold runs hit the prefix cache: the "
                                   "engine's reset did not empty it, so no run was cold"))
     if inv.prefix_note and requirement != "required":
         # Not applicable: the engine was configured without a prefix cache. Required, it stays vacuous (blocks).
-        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="skipped", trials=0,
+        return Judged(CheckResult.skipped("prefix_cache", requirement, trials=0,
                                   evidence=ev, message=inv.prefix_note))
     if n == 0 or hits == 0:
         message = inv.prefix_note or "no warm run hit the prefix cache"
         if not inv.prefix_note:
             row = known_row(runs.config.engine.kind)
             message += row.prefix_cache_hint if row is not None else ""
-        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="vacuous", trials=n,
+        return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
                                   evidence=ev, message=message))
     if recs:
-        return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="fail", trials=n,
+        return Judged(CheckResult.failed("prefix_cache", requirement, trials=n,
                                   divergent=len(recs), evidence=ev,
                                   message=f"{len(recs)} of {n} warm runs differ from cold"), tuple(recs))
-    return Judged(CheckResult(name="prefix_cache", requirement=requirement, verdict="pass", trials=n, evidence=ev,
+    return Judged(CheckResult.passed("prefix_cache", requirement, trials=n, evidence=ev,
                               message=f"{n} warm runs ({hits} with cache hits) bitwise equal to cold"))
 
 
@@ -483,20 +480,20 @@ def golden(runs: Runs, requirement: str) -> Judged:
           "posture_digest": {"golden": runs.golden.get("posture_digest"),
                              "now": (runs.environment.get("posture") or {}).get("digests", {}).get("invariant")}}
     if not refs:
-        return Judged(CheckResult(name="golden", requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous("golden", requirement, evidence=ev,
                                   message="no reference completed"))
     map_note = _golden_map(runs, ev)
     if map_note and not diffs:
-        return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
+        return Judged(CheckResult.failed("golden", requirement, trials=len(refs),
                                   evidence=ev, message=f"{len(refs)} targets bitwise equal to the golden file, but "
                                                        f"production's variance map changed: {map_note}"))
     if diffs:
         what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
-        return Judged(CheckResult(name="golden", requirement=requirement, verdict="fail", trials=len(refs),
+        return Judged(CheckResult.failed("golden", requirement, trials=len(refs),
                                   divergent=len(diffs), evidence=ev,
                                   message=f"{len(diffs)} of {len(refs)} targets differ from the golden file; "
                                           f"changed: {what}" + (f"; variance map: {map_note}" if map_note else "")))
-    return Judged(CheckResult(name="golden", requirement=requirement, verdict="pass", trials=len(refs), evidence=ev,
+    return Judged(CheckResult.passed("golden", requirement, trials=len(refs), evidence=ev,
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
 
 
@@ -552,26 +549,24 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
           "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
           "seeds": [list(r.seeds) for r in inv.sampled]}
     if not inv.sampled:
-        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous("seeded_sampling", requirement, evidence=ev,
                                   message=inv.sampling_note or "nothing was sampled"))
     if recs or shared:
         parts = [f"{len(recs)} of {compared} sampled requests differ between alone and in a batch"]
         if shared:
             parts.append(f"{shared} pairs of requests with different seeds got the same tokens in one batch: "
                          "the batch shares one seed's noise")
-        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="fail", trials=compared,
+        return Judged(CheckResult.failed("seeded_sampling", requirement, trials=compared,
                                   divergent=len(recs) or shared, evidence=ev, message="; ".join(parts)),
                       tuple(recs))
     if batched == 0:  # the "batched" requests never shared a pass: nothing was tested
-        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous",
-                                  trials=compared, evidence=ev,
+        return Judged(CheckResult.vacuous("seeded_sampling", requirement, trials=compared, evidence=ev,
                                   message="no sampled request shared a forward pass with another"))
     if sensitive == 0:
-        return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="vacuous",
-                                  trials=compared, evidence=ev,
+        return Judged(CheckResult.vacuous("seeded_sampling", requirement, trials=compared, evidence=ev,
                                   message="every seed gave the same tokens, so shared noise cannot be told apart "
                                           "(raise the variants' temperature or sampling.max_tokens)"))
-    return Judged(CheckResult(name="seeded_sampling", requirement=requirement, verdict="pass", trials=compared,
+    return Judged(CheckResult.passed("seeded_sampling", requirement, trials=compared,
                               evidence=ev, message=f"{compared} sampled requests bitwise equal alone and in a "
                                                    f"batch; {sensitive} seed pairs kept their own noise"))
 
@@ -586,14 +581,13 @@ def cross_instance(runs: Runs, requirement: str) -> Judged:
     first = runs.mode(mode)
     name = "cross_instance"
     if first is None or first.instance is None:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous",
-                                  message=f"no second {mode} instance ran"))
+        return Judged(CheckResult.vacuous(name, requirement, message=f"no second {mode} instance ran"))
     second = first.instance
     ev: dict[str, Any] = {"mode": mode, "references": len(second.solo), "trials": len(second.trials)}
     same = [k for k in ("base_url",) if k in first.engine and first.engine.get(k) == second.engine.get(k)]
     if same:
         ev["same_server"] = first.engine["base_url"]
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
                                   message=f"both instances are the server at {first.engine['base_url']}; give the "
                                           f"mode a list of URLs (engine.options.base_url.{mode}: [URL, URL]) or "
                                           "a command that starts one"))
@@ -609,13 +603,13 @@ def cross_instance(runs: Runs, requirement: str) -> Judged:
                                reference=trial is None))
     n = len(pairs)
     if n == 0:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="vacuous", evidence=ev,
+        return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
                                   message=second.note or "the second instance completed nothing"))
     if recs:
-        return Judged(CheckResult(name=name, requirement=requirement, verdict="fail", trials=n, divergent=len(recs),
+        return Judged(CheckResult.failed(name, requirement, trials=n, divergent=len(recs),
                                   evidence=ev, message=f"{len(recs)} of {n} runs differ between two {mode} "
                                                        "instances"), tuple(recs))
-    return Judged(CheckResult(name=name, requirement=requirement, verdict="pass", trials=n, evidence=ev,
+    return Judged(CheckResult.passed(name, requirement, trials=n, evidence=ev,
                               message=f"{n} runs bitwise equal on two separately started {mode} instances"))
 
 

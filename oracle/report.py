@@ -125,6 +125,38 @@ class CheckResult(_Model):
         """True when this verdict makes the run fail (exit 1)."""
         return self.requirement == "required" and self.verdict in PROBLEM_VERDICTS
 
+    # One constructor per verdict, so a check states its outcome by name and never spells a verdict string.
+    @classmethod
+    def passed(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
+               evidence: dict[str, Any] | None = None) -> CheckResult:
+        return cls._of("pass", name, requirement, message, trials, divergent, evidence)
+
+    @classmethod
+    def failed(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
+               evidence: dict[str, Any] | None = None) -> CheckResult:
+        return cls._of("fail", name, requirement, message, trials, divergent, evidence)
+
+    @classmethod
+    def vacuous(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
+                evidence: dict[str, Any] | None = None) -> CheckResult:
+        return cls._of("vacuous", name, requirement, message, trials, divergent, evidence)
+
+    @classmethod
+    def skipped(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
+                evidence: dict[str, Any] | None = None) -> CheckResult:
+        return cls._of("skipped", name, requirement, message, trials, divergent, evidence)
+
+    @classmethod
+    def error(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
+              evidence: dict[str, Any] | None = None) -> CheckResult:
+        return cls._of("error", name, requirement, message, trials, divergent, evidence)
+
+    @classmethod
+    def _of(cls, verdict: Verdict, name: str, requirement: str, message: str, trials: int, divergent: int,
+            evidence: dict[str, Any] | None) -> CheckResult:
+        return cls(name=name, requirement=requirement, verdict=verdict, trials=trials, divergent=divergent,
+                   evidence=evidence if evidence is not None else {}, message=message)
+
 
 class DivergenceRecord(_Model):
     """One divergence: which check, target and trial; where it starts, how big, and what caused it."""
