@@ -33,6 +33,7 @@ from oracle.engines.contract import (
     SamplingParams,
     capabilities,
     output_problem,
+    request_problem,
 )
 from oracle.errors import ConfigError, EngineError, OracleError
 from oracle.lifecycle.watchdog import GuardedEngine
@@ -97,11 +98,16 @@ class ModeResult:
 def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
     """engine.generate with every failure turned into EngineError (exit 3).
 
-    Every completion is checked against its request (`oracle.engines.contract.output_problem`): a NaN or
+    Every request is checked first (`oracle.engines.contract.request_problem`: an empty prompt is a
+    ConfigError, exit 2). Every completion is checked against its request (`oracle.engines.contract.output_problem`): a NaN or
     infinite logprob or logits value, or fewer tokens than asked, is an engine error naming the mode,
     the request and the step. Outputs that are not numbers cannot be judged, so no check may read
     them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.
     """
+    for r in requests:  # checked here, once for every engine (a request the config made: exit 2)
+        problem = request_problem(r)
+        if problem is not None:
+            raise ConfigError(f"request {r.request_id}: {problem}")
     if isinstance(engine, GuardedEngine):  # a hang's message names the phase of the run it stopped in
         engine.phase = phase_of([r.request_id for r in requests])
     try:

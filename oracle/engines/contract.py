@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
            "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
            "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "class_needs_weights",
-           "missing_members", "output_problem"]
+           "missing_members", "output_problem", "request_problem"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -129,6 +129,7 @@ class Engine(Protocol):
         Each completion holds exactly `sampling.max_tokens` tokens (EOS does not stop a request),
         unless the engine declares `StopsAtEos` with `stop_at_eos` true; every logprob is finite.
         `oracle.execute.generate` checks this (`output_problem`): anything else is an engine error.
+        It checks the requests before the call too (`request_problem`), so no engine checks them again.
 
         `max_num_batched_tokens`, when given, is this call's token budget per forward pass (a
         trial's chunked-prefill budget); an engine that cannot change it per call raises
@@ -306,6 +307,17 @@ def _nonfinite(values: Any) -> tuple[int, float] | None:
     row = np.asarray(values, dtype=np.float32).reshape(-1)
     bad = np.flatnonzero(np.isnan(row) | np.isposinf(row))
     return (int(bad[0]), float(row[bad[0]])) if bad.size else None
+
+
+def request_problem(request: Request) -> str | None:
+    """What makes `request` one no engine can run, or None. Checked once, before any engine sees it.
+
+    An empty prompt has no position to predict the first token from (every engine would fail on it
+    in its own way, or not at all).
+    """
+    if not request.prompt_token_ids:
+        return "empty prompt"
+    return None
 
 
 def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_token_ids: Sequence[int] = ()) -> str | None:

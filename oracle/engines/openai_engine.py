@@ -382,9 +382,6 @@ class OpenAIEngine:
                               "token budget per trial (it is fixed when the server starts); leave it unset")
         if self._server is not None:
             self._server.check_alive()
-        for r in requests:
-            if not r.prompt_token_ids:
-                raise ConfigError(f"request {r.request_id}: empty prompt")
         if not requests:
             return []
         return asyncio.run(self._generate(list(requests)))

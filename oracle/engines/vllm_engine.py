@@ -243,9 +243,6 @@ class VllmEngine:
                     f"{_option('enable_chunked_prefill')}: request {long.request_id} has a "
                     f"{len(long.prompt_token_ids)}-token prompt, over the {limit}-token budget; enable "
                     "chunked prefill or raise the budget")
-        for r in requests:
-            if not r.prompt_token_ids:
-                raise ConfigError(f"request {r.request_id}: empty prompt")
         if len({r.request_id for r in requests}) != len(requests):
             raise ConfigError("vllm engine: request ids within one generate call must be unique")
         result = self._live().call(("generate", list(requests), budget), self.timeout_s)

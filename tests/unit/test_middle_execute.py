@@ -219,3 +219,10 @@ def test_generate_passes_a_users_error_through_and_accepts_good_output() -> None
         generate(_Returns(raises=ConfigError("per-call budget")), [REQ], 64)
     good = [Completion("r0", [1, 2], [-0.5, -0.25])]
     assert generate(_Returns(out=good), [REQ]) == good
+
+
+def test_generate_checks_every_request_once_before_any_engine_sees_it() -> None:
+    # An engine that would answer anything: the empty prompt is caught before it, for every engine alike.
+    engine = _Returns(raises=AssertionError("the engine was called"))
+    with pytest.raises(ConfigError, match=r"^request r1: empty prompt$"):
+        generate(engine, [REQ, Request("r1", (), SamplingParams(max_tokens=2))])

@@ -196,9 +196,6 @@ class NativeEngine:
                 max_tokens=r.sampling.max_tokens, arrival_step=r.arrival_step, stop_token_id=eos)
             for i, r in enumerate(requests)
         ]
-        for r in requests:
-            if not r.prompt_token_ids:
-                raise ConfigError(f"request {r.request_id}: empty prompt")
         per_seq = [-(-(s.prompt_len + s.max_tokens) // self.block_size) for s in seqs]
         self._ensure_kv(sum(per_seq))
         if not self.enable_prefix_caching:
