@@ -35,7 +35,7 @@ from oracle.engines.contract import (
     output_problem,
     request_problem,
 )
-from oracle.errors import ConfigError, EngineError, OracleError
+from oracle.errors import ConfigError, EngineError, OracleError, engine_error
 from oracle.lifecycle.watchdog import GuardedEngine
 from oracle.observer import Observer
 from oracle.plan import Plan, phase_of, solo_request, target_sampling, trial_requests
@@ -115,7 +115,7 @@ def generate(engine: Engine, requests: Sequence[Request], budget: int | None = N
     except OracleError:
         raise
     except Exception as e:  # noqa: BLE001 - any engine failure becomes exit 3 with a partial report
-        raise EngineError(f"engine raised {type(e).__name__}: {e}") from e
+        raise engine_error(e) from e
     if not isinstance(out, list):
         raise EngineError(f"engine generate() returned {type(out).__name__}, not a list of Completions")
     if len(out) != len(requests):

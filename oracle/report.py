@@ -315,7 +315,7 @@ class Report(_Model):
     def mark_stopped(self, e: BaseException) -> None:
         """Record an exception that stopped the run: a signal (130/143), an OracleError (its code),
         or anything else (3), with the matching exit code."""
-        from oracle.errors import OracleError
+        from oracle.errors import OracleError, exit_called
         from oracle.lifecycle.signals import describe, exit_code_of
 
         if isinstance(e, KeyboardInterrupt):
@@ -324,8 +324,7 @@ class Report(_Model):
             self.set_error(str(e), e.exit_code)
         elif isinstance(e, SystemExit):
             # oracle.lifecycle.exit_trap.ExitCalled says which exit it was (os._exit); a plain one is sys.exit
-            called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
-            self.set_error(f"{called} was called during the run", EXIT_ENGINE)
+            self.set_error(f"{exit_called(e)} was called during the run", EXIT_ENGINE)
         else:
             self.set_error(f"{type(e).__name__}: {e}", EXIT_ENGINE)
 

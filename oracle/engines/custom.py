@@ -17,7 +17,7 @@ from pathlib import Path
 
 from oracle.config import EngineConfig
 from oracle.engines.contract import Engine, Mode, missing_members
-from oracle.errors import ConfigError, EngineError, OracleError
+from oracle.errors import ConfigError, OracleError, engine_error
 
 # The validated engine fields a custom engine is given, as keyword arguments, when the config sets them
 # and its constructor names them (or takes **kwargs); engine.options are passed besides, and win.
@@ -105,7 +105,7 @@ def construct_class(cfg: EngineConfig, cls: object, model_dir: Path, mode: Mode)
     except OracleError:
         raise
     except Exception as e:  # noqa: BLE001 - a user's engine may raise anything while starting
-        raise EngineError(f"engine {cfg.kind} failed to start: {type(e).__name__}: {e}") from e
+        raise engine_error(e, f"the start of {cfg.kind}") from e
     missing = missing_members(engine)
     if missing:
         raise ConfigError(f"engine.kind: {cfg.kind} lacks {', '.join(missing)} (see the engine protocol, "

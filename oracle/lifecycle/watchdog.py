@@ -42,7 +42,7 @@ from oracle.engines.contract import (
     RunSpec,
     capabilities,
 )
-from oracle.errors import EngineError, OracleError
+from oracle.errors import EngineError, OracleError, engine_error
 from oracle.lifecycle.exit_trap import ENGINE_THREAD
 
 if TYPE_CHECKING:
@@ -80,13 +80,8 @@ def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
 
 
 def _as_engine_error(what: str, e: BaseException) -> OracleError:
-    if isinstance(e, OracleError):
-        return e
-    if isinstance(e, SystemExit):  # oracle.lifecycle.exit_trap.ExitCalled names its os._exit
-        called = str(e) if type(e) is not SystemExit else f"sys.exit({e.code!r})"
-        return EngineError(f"engine called {called} in {what}")
-    where = "" if what == "generate" else f" in {what}"  # generate's wording is the runner's own
-    return EngineError(f"engine raised {type(e).__name__}{where}: {e}")
+    # A failure in generate reads the same guarded or not (oracle.execute.generate words it the same way).
+    return engine_error(e, "" if what == "generate" else what)
 
 
 class Worker:

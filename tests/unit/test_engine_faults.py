@@ -120,3 +120,22 @@ def test_an_engine_that_finishes_starting_as_its_deadline_passes_is_closed(
     with pytest.raises(EngineError, match="did not finish"):
         build_engine(EngineConfig.of("fake_engine:FakeEngine"), fake_model, "invariant")
     assert len(made) == 1 and closed == made
+
+
+def test_engine_error_is_worded_in_one_place_for_every_site(tmp_path: Path) -> None:
+    """Whatever an engine raises, at start, in generate or in another call, reads the same way."""
+    from oracle.config import EngineConfig
+    from oracle.engines.custom import construct_class
+    from oracle.errors import ConfigError, EngineError, engine_error
+
+    told = ConfigError("engine.options.x: wrong")
+    assert engine_error(told, "generate") is told  # a user's error keeps its words and exit 2
+    assert str(engine_error(SystemExit(4), "reset_prefix_cache")) == "engine called sys.exit(4) in reset_prefix_cache"
+    assert str(engine_error(KeyError("k"))) == "engine raised KeyError: 'k'"
+
+    class Fails:
+        def __init__(self, model: Path, mode: str) -> None:
+            raise RuntimeError("no device")
+
+    with pytest.raises(EngineError, match=r"^engine raised RuntimeError in the start of m:Fails: no device$"):
+        construct_class(EngineConfig(kind="m:Fails"), Fails, tmp_path, "invariant")
