@@ -34,6 +34,7 @@ from oracle.engines.contract import (
     capabilities,
     output_problem,
     request_problem,
+    run_generate,
 )
 from oracle.errors import ConfigError, EngineError, OracleError, engine_error
 from oracle.lifecycle.watchdog import GuardedEngine
@@ -95,7 +96,8 @@ class ModeResult:
     instance: InstanceRun | None = None  # the cross_instance check's second engine (its mode only)
 
 
-def generate(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
+             ) -> list[Completion]:
     """engine.generate with every failure turned into EngineError (exit 3).
 
     Every request is checked first (`oracle.engines.contract.request_problem`: an empty prompt is a
@@ -111,7 +113,7 @@ def generate(engine: Engine, requests: Sequence[Request], budget: int | None = N
     if isinstance(engine, GuardedEngine):  # a hang's message names the phase of the run it stopped in
         engine.phase = phase_of([r.request_id for r in requests])
     try:
-        out = engine.generate(requests, budget) if budget else engine.generate(requests)
+        out = run_generate(engine, requests, max_num_batched_tokens)
     except OracleError:
         raise
     except Exception as e:  # noqa: BLE001 - any engine failure becomes exit 3 with a partial report
@@ -152,11 +154,12 @@ def _step(d: Divergence | None) -> int | None:
     return None if d is None else d.step
 
 
-def fresh(engine: Engine, requests: Sequence[Request], budget: int | None = None) -> list[Completion]:
+def fresh(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
+          ) -> list[Completion]:
     """generate() from a cold prefix cache (where the engine has one it can reset)."""
     if capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache):
         engine.reset_prefix_cache()
-    return generate(engine, requests, budget)
+    return generate(engine, requests, max_num_batched_tokens)
 
 
 class Localizer(Protocol):

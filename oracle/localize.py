@@ -55,15 +55,16 @@ def localize_runs(engine: Engine, expected: RunSpec, actual: RunSpec,
 
 
 def localize_trial(engine: Engine, solo_requests: Sequence[Request], trial_requests: Sequence[Request],
-                   target_index: int, budget: int | None = None, repro_dir: Path | None = None) -> LocalizedOp | None:
+                   target_index: int, max_num_batched_tokens: int | None = None,
+                   repro_dir: Path | None = None) -> LocalizedOp | None:
     """Where the target of a failing trial departs from its solo run.
 
     `solo_requests`: the target alone (its first request is the target), run with the engine's
     default budget, as the reference is; `trial_requests[target_index]` is the target within the
-    trial, run with the trial's per-pass token budget `budget`.
+    trial, run with the trial's per-pass token budget `max_num_batched_tokens`.
     """
     return localize_runs(engine, RunSpec(tuple(solo_requests), 0),
-                         RunSpec(tuple(trial_requests), target_index, budget), repro_dir)
+                         RunSpec(tuple(trial_requests), target_index, max_num_batched_tokens), repro_dir)
 
 
 def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | None = None, *,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
            "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
            "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "class_needs_weights",
-           "missing_members", "output_problem", "request_problem"]
+           "missing_members", "output_problem", "request_problem", "run_generate"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -158,7 +158,7 @@ class RunSpec:
 
     requests: tuple[Request, ...]
     target_index: int
-    budget: int | None = None
+    max_num_batched_tokens: int | None = None
     warm_with: tuple[Request, ...] = ()
 
 
@@ -193,7 +193,7 @@ class Capturable(Protocol):
     localization (`oracle.localize`, `oracle.capture`) runs both sides of a divergence through it."""
 
     def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
-        """Reset the prefix cache, run `run.warm_with` uncaptured, then `run.requests` (with `run.budget`)
+        """Reset the prefix cache, run `run.warm_with` uncaptured, then `run.requests` (with `run.max_num_batched_tokens`)
         with `rows` active on every forward pass that holds the target; the target's Completion.
         Runs every pass eagerly (no CUDA graphs), on the calling thread."""
         ...
@@ -307,6 +307,15 @@ def _nonfinite(values: Any) -> tuple[int, float] | None:
     row = np.asarray(values, dtype=np.float32).reshape(-1)
     bad = np.flatnonzero(np.isnan(row) | np.isposinf(row))
     return (int(bad[0]), float(row[bad[0]])) if bad.size else None
+
+
+def run_generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None
+                 ) -> list[Completion]:
+    """`engine.generate`, given the per-pass token budget only when one is set: an engine written to the
+    contract's minimum may take the requests alone. What it returns is checked by the caller."""
+    if max_num_batched_tokens:
+        return engine.generate(requests, max_num_batched_tokens)
+    return engine.generate(requests)
 
 
 def request_problem(request: Request) -> str | None:

@@ -113,7 +113,7 @@ def capture_hf(engine: HFEngine, run: RunSpec, rows: RowCapture) -> Completion:
             engine.reset_prefix_cache()
         if run.warm_with:
             engine.generate(run.warm_with)
-        out = engine.generate(run.requests, run.budget) if run.budget else engine.generate(run.requests)
+        out = engine.generate(run.requests, run.max_num_batched_tokens)
     finally:
         for h in handles:
             h.remove()

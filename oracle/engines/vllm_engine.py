@@ -228,15 +228,14 @@ class VllmEngine:
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         """Run the requests in the worker; each joins at engine step `arrival_step`."""
-        budget = max_num_batched_tokens
-        if budget is not None and budget > self.spec.max_num_batched_tokens:
+        if max_num_batched_tokens is not None and max_num_batched_tokens > self.spec.max_num_batched_tokens:
             # The worker's buffers are sized for the engine's budget; a larger one needs a restart.
             raise ConfigError(
-                f"schedule.max_num_batched_tokens: a trial asks for {budget} tokens per pass but the vllm "
+                f"schedule.max_num_batched_tokens: a trial asks for {max_num_batched_tokens} tokens per pass but the vllm "
                 f"engine was built for {self.spec.max_num_batched_tokens}; raise "
                 f"{_option('max_num_batched_tokens')} to at least the schedule's maximum")
         if not self.spec.enable_chunked_prefill:
-            limit = budget or self.spec.max_num_batched_tokens
+            limit = max_num_batched_tokens or self.spec.max_num_batched_tokens
             long = next((r for r in requests if len(r.prompt_token_ids) > limit), None)
             if long is not None:
                 raise ConfigError(
@@ -245,7 +244,7 @@ class VllmEngine:
                     "chunked prefill or raise the budget")
         if len({r.request_id for r in requests}) != len(requests):
             raise ConfigError("vllm engine: request ids within one generate call must be unique")
-        result = self._live().call(("generate", list(requests), budget), self.timeout_s)
+        result = self._live().call(("generate", list(requests), max_num_batched_tokens), self.timeout_s)
         return list(result)
 
     def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:

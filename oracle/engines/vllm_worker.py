@@ -5,7 +5,7 @@ with the environment of its mode already set (VLLM_BATCH_INVARIANT, OMP_NUM_THRE
 vLLM reads those once, at import and engine start, and `torch.library` overrides are process-wide.
 FD is one end of a socket pair; messages are pickled tuples (`multiprocessing.connection`):
 
-    parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, budget),
+    parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, max_num_batched_tokens),
                       ("localize", expected RunSpec, actual RunSpec), ("reset_prefix_cache",), ("close",)
     worker -> parent: ("ready", info) | ("ok", result) | ("error", text) | ("config_error", text)
 
@@ -239,10 +239,10 @@ class WorkerEngine:
                                   repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
         return found.to_json() if found is not None else None
 
-    def generate(self, requests: Sequence[Request], budget: int | None) -> list[Completion]:
+    def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None) -> list[Completion]:
         """Add each request when the step counter reaches its arrival step; step until all finish."""
         # vLLM's own knob for a scheduling budget below the batch capacity the engine was built with.
-        self.scheduler.max_num_scheduled_tokens = budget or self.spec.max_num_batched_tokens
+        self.scheduler.max_num_scheduled_tokens = max_num_batched_tokens or self.spec.max_num_batched_tokens
         tracks: dict[str, _Track] = {}
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
         # A budget that can never schedule a prompt would loop forever: bound the steps instead.
@@ -250,7 +250,7 @@ class WorkerEngine:
             len(r.prompt_token_ids) + r.sampling.max_tokens for r in requests) + 64
         self.tap.take()
         try:
-            self._run(requests, order, tracks, limit, budget)
+            self._run(requests, order, tracks, limit, max_num_batched_tokens)
         except BaseException:
             # Leave the engine empty for the next call, whatever stopped this one.
             self.engine.abort_request(list(tracks))
@@ -260,7 +260,7 @@ class WorkerEngine:
         return [t.out for t in done]
 
     def _run(self, requests: Sequence[Request], order: list[int], tracks: dict[str, _Track], limit: int,
-             budget: int | None) -> None:
+             max_num_batched_tokens: int | None) -> None:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -290,7 +290,7 @@ class WorkerEngine:
                     self._record_tokens(by_external[o.request_id], o)
             step += 1
             if step > limit:
-                raise RuntimeError(f"no completion after {limit} engine steps (budget {budget}, "
+                raise RuntimeError(f"no completion after {limit} engine steps (budget {max_num_batched_tokens}, "
                                    f"chunked prefill {self.spec.enable_chunked_prefill})")
 
     def _record_passes(self, step: int, tracks: dict[str, _Track]) -> None:
@@ -494,7 +494,7 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
         state.update(step=0, counter=itertools.count(), rows=rows,
                      target=spec.requests[spec.target_index].request_id)
         try:
-            out = engine.generate(list(spec.requests), spec.budget)
+            out = engine.generate(list(spec.requests), spec.max_num_batched_tokens)
         finally:
             close_pass()
             state["rows"] = None

@@ -41,6 +41,7 @@ from oracle.engines.contract import (
     ResetsPrefixCache,
     RunSpec,
     capabilities,
+    run_generate,
 )
 from oracle.errors import EngineError, OracleError, engine_error
 from oracle.lifecycle.exit_trap import ENGINE_THREAD
@@ -187,9 +188,7 @@ class GuardedEngine:
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None = None) -> list[Completion]:
         during = self._during(self.phase)
-        if max_num_batched_tokens is None:
-            return call(lambda: self.engine.generate(requests), self.timeout_s, "generate", self._worker, during)
-        return call(lambda: self.engine.generate(requests, max_num_batched_tokens), self.timeout_s, "generate",
+        return call(lambda: run_generate(self.engine, requests, max_num_batched_tokens), self.timeout_s, "generate",
                     self._worker, during)
 
     def describe(self) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def capture_native(engine: NativeEngine, run: RunSpec, rows: RowCapture) -> Comp
         engine.generate(list(run.warm_with))
     engine.pass_hook = hook
     try:
-        out = engine.generate(list(run.requests), run.budget) if run.budget else engine.generate(list(run.requests))
+        out = engine.generate(list(run.requests), run.max_num_batched_tokens)
     finally:
         engine.pass_hook = None
     return out[run.target_index]
