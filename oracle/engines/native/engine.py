@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import oracle_kernels
 import torch
 
-from oracle.config import EngineConfig, NativeOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import NativeOptions
 from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
