@@ -27,7 +27,7 @@ from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
 from oracle.judge import Runs, coverage, hazard_probes, judge, modes_read
 from oracle.observer import Observer
-from oracle.plan import Plan, plan_run, solo_request
+from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
 
 if TYPE_CHECKING:
@@ -98,8 +98,6 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     if db is not None:
         plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials), plan.trials))
     if shard is not None:
-        from oracle.shards.assign import slice_plan
-
         plan = slice_plan(plan, *shard)
     observer.seed(plan.seed)
     report = Report(
