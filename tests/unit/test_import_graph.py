@@ -134,8 +134,8 @@ def circle_through(graph: dict[str, set[str]], component: list[str]) -> list[str
 # The circles left, each as the set of modules in it, until they are taken apart: the engine contract's
 # capability protocols name the capture's types (RowCapture, PassLayout, LocalizedOp) while the capture and
 # compare import the contract's Completion, and importing anything in oracle.engines runs its __init__ (the
-# rows, the custom engines); capture.confirm and capture.rules call each other. A new circle fails this test,
-# and so does one of these taken apart without being struck from the list.
+# rows, the custom engines). A new circle fails this test, and so does one of these taken apart without
+# being struck from the list.
 REMAINING: list[frozenset[str]] = [
     frozenset({"oracle.capture", "oracle.capture.confirm", "oracle.capture.repro", "oracle.capture.rows",
                "oracle.capture.rules", "oracle.compare", "oracle.engines", "oracle.engines.contract",
