@@ -40,7 +40,7 @@ View = Callable[[Report, Path], Any]
 
 def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
-    picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
+    picks the server of a mode given a list of URLs (the openai row's `instance` in oracle.engines.kinds; the cross_instance check's second)."""
     from oracle.engines.kinds import kind_of
     from oracle.lifecycle.watchdog import start_engine
 
