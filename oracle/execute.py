@@ -24,6 +24,7 @@ import numpy as np
 
 from oracle.compare import Divergence, first_divergence, row_digest, step_of
 from oracle.engines.contract import (
+    CAPTURE_HOW,
     Completion,
     Engine,
     Mode,
@@ -405,8 +406,6 @@ class ModeExecution:
             return
         assert self.engine is not None
         if not self.localizer.can_localize(self.engine):
-            from oracle.localize import CAPTURE_HOW
-
             note = f"localize: the {self.describe.get('engine', 'engine')} engine {CAPTURE_HOW}"
             if note not in self.localize_notes:
                 self.localize_notes.append(note)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from oracle.capture import LocalizedOp, localize_with
 from oracle.engines.contract import (
+    CAPTURE_HOW,
     Capturable,
     Engine,
     LocalizesInWorker,
@@ -24,12 +25,6 @@ from oracle.engines.contract import (
 from oracle.errors import ConfigError, EngineError
 
 __all__ = ["LocalizedOp", "RunSpec", "can_localize", "localize_from_report", "localize_runs", "localize_trial"]
-
-
-# What a custom engine adds so that oracle can name the op where a divergence starts (docs/engines.md).
-CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
-               "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
-               "from oracle.engines.contract; the native, transformers and vllm engines have one")
 
 
 def can_localize(engine: object) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +17,10 @@ from oracle.engines.contract import Request, SamplingParams
 from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.schedule import Trial, filler_tokens
+from oracle.shards.assign import Shard, make_shard
 
 if TYPE_CHECKING:
     from oracle.posture.hazards import HazardMatch
-    from oracle.shards.assign import Shard
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,17 @@ def phase_of(request_ids: Sequence[str]) -> str:
         if first.startswith(word) and dash and number.isdigit():
             return phase.format(n=int(number))
     return f"run of request {first}"
+
+
+def slice_plan(plan: Plan, index: int, count: int) -> Plan:
+    """`plan` with only shard `index` of `count`'s trials (ConfigError for what a shard cannot run)."""
+    schedule = plan.config.schedule
+    if schedule.search.trials:
+        raise ConfigError("--shard: schedule.search runs after the whole schedule and steers by its results; "
+                          "set schedule.search.trials to 0 for a sharded run")
+    if plan.replayed:
+        raise ConfigError("--shard: --db replays earlier failures before the schedule; run them unsharded")
+    shard = make_shard(plan.trials, plan.targets, plan.config.sampling.max_tokens, schedule.repeat_trials,
+                       index, count)
+    keep = set(shard.trial_ids)
+    return replace(plan, trials=tuple(t for t in plan.trials if t.trial_id in keep), shard=shard)

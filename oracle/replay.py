@@ -19,6 +19,7 @@ from oracle.engines.contract import Mode
 from oracle.errors import ConfigError
 from oracle.report import DivergenceRecord, Report, load_report
 from oracle.schedule import Trial
+from oracle.trust import named_server
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,6 @@ def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple
         span = f" (it has trials {min(ids)}..{max(ids)})" if ids else ""
         raise ConfigError(f"--trial: no trial {trial_id} in this report{span}")
     return Trial.from_json(row.model_dump()), recorded
-
-
-def named_server(config: Mapping[str, Any]) -> str | None:
-    """The server a report's config sends requests to, named by the report (an openai engine's
-    `base_url`), or None (the engine runs here, or the config starts its server: `command`, gated as code)."""
-    engine = config.get("engine")
-    options = engine.get("options") if isinstance(engine, Mapping) else None
-    if not isinstance(engine, Mapping) or engine.get("kind") != "openai" or not isinstance(options, Mapping):
-        return None
-    url = options.get("base_url")
-    if isinstance(url, Mapping):
-        url = ", ".join(str(v) for v in url.values() if v)
-    return str(url) if url else None
 
 
 def credentials_sent(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:

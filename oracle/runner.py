@@ -27,7 +27,7 @@ from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
 from oracle.judge import Runs, coverage, hazard_probes, judge, modes_read
 from oracle.observer import Observer
-from oracle.plan import Plan, plan_run, solo_request
+from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ View = Callable[[Report, Path], Any]
 
 def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
-    picks the server of a mode given a list of URLs (oracle.instances; the cross_instance check's second)."""
+    picks the server of a mode given a list of URLs (the openai row's `instance` in oracle.engines.kinds; the cross_instance check's second)."""
     from oracle.engines.kinds import kind_of
     from oracle.lifecycle.watchdog import start_engine
 
@@ -98,8 +98,6 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     if db is not None:
         plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials), plan.trials))
     if shard is not None:
-        from oracle.shards.assign import slice_plan
-
         plan = slice_plan(plan, *shard)
     observer.seed(plan.seed)
     report = Report(

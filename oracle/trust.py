@@ -63,10 +63,21 @@ def require_trust(report_path: Path, config: Mapping[str, Any], trusted: bool) -
                           "--trust-report if you trust where this report came from")
 
 
+def named_server(config: Mapping[str, Any]) -> str | None:
+    """The server a report's config sends requests to, named by the report (an openai engine's
+    `base_url`), or None (the engine runs here, or the config starts its server: `command`, gated as code)."""
+    engine = config.get("engine")
+    options = engine.get("options") if isinstance(engine, Mapping) else None
+    if not isinstance(engine, Mapping) or engine.get("kind") != "openai" or not isinstance(options, Mapping):
+        return None
+    url = options.get("base_url")
+    if isinstance(url, Mapping):
+        url = ", ".join(str(v) for v in url.values() if v)
+    return str(url) if url else None
+
+
 def replay_command(report_path: str | Path, trial_id: int, config: Mapping[str, Any], verb: str = "replay") -> str:
     """The command that re-runs a trial of this report; with --trust-report where its config loads code or
     sends credentials to the server it names (the user's own run: they wrote that config)."""
-    from oracle.replay import named_server
-
     flag = " --trust-report" if code_loading_fields(config) or named_server(config) else ""
     return f"oracle {verb} {report_path} --trial {trial_id}{flag}"

@@ -17,7 +17,7 @@ from typing import Any
 from oracle.compare import first_divergence
 from oracle.report import LocalizedOpRecord, VarianceMap, VarianceOpRecord
 
-# Every class an op can have (oracle.capture.confirm.op_class), shown with 0 where nothing drifted there.
+# Every class an op can have (oracle.capture.rules.op_class), shown with 0 where nothing drifted there.
 OP_CLASSES = ("attention", "matmul", "norm", "sampling", "communication", "kv-cache write", "other")
 # The launch quantity a row names first, by preference, and how a view names it (by op class where it matters).
 _QUANTITY_ORDER = ("num_splits", "num_kv_splits", "packed_query_len", "max_seqlen_q", "max_seqlen_k", "num_seqs",

@@ -63,26 +63,6 @@ def run_alone(snap: Snapshot, grid: int, kind: str = "out") -> dict[int, torch.T
     return {pos: rows[i].detach().cpu() for i, pos in enumerate(g.positions)}
 
 
-_CLASSES = (
-    ("communication", ("all_reduce", "allreduce", "all_gather", "reduce_scatter", "nccl", "broadcast")),
-    ("kv-cache write", ("reshape_and_cache", "index_put", "kv_cache", "cache_write")),
-    ("norm", ("norm",)),
-    ("attention", ("attention", "attn", "flash", "fa3", "fwd", "sdpa", "paged")),
-    ("matmul", ("mm", "matmul", "linear", "gemm", "bmm", "_proj", "lm_head")),
-    ("sampling", ("sample", "argmax", "topk", "top_k", "multinomial", "gumbel", "log_softmax", "logits")),
-)
-
-
-def op_class(module: str, op: str) -> str:
-    """attention, matmul, norm, sampling, communication, kv-cache write, or other: by the op, then by the
-    module's own name (`post_attention_layernorm` is a norm)."""
-    for text in (op.lower(), module.rsplit(".", 1)[-1].lower()):
-        for name, words in _CLASSES:
-            if any(w in text for w in words):
-                return name
-    return "other"
-
-
 _QUANTITIES = ("max_seqlen_q", "max_seqlen_k", "num_splits", "num_kv_splits", "cu_seqlens_q", "query_start_loc",
                "seqused_k", "seq_lens", "block_table", "block_tables", "page_table", "scheduler_metadata")
 

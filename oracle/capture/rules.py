@@ -304,10 +304,28 @@ def localize_captured(expected: Captured, actual: Captured, *, eager: bool | Non
     return Finding(None)
 
 
+_CLASSES = (
+    ("communication", ("all_reduce", "allreduce", "all_gather", "reduce_scatter", "nccl", "broadcast")),
+    ("kv-cache write", ("reshape_and_cache", "index_put", "kv_cache", "cache_write")),
+    ("norm", ("norm",)),
+    ("attention", ("attention", "attn", "flash", "fa3", "fwd", "sdpa", "paged")),
+    ("matmul", ("mm", "matmul", "linear", "gemm", "bmm", "_proj", "lm_head")),
+    ("sampling", ("sample", "argmax", "topk", "top_k", "multinomial", "gumbel", "log_softmax", "logits")),
+)
+
+
+def op_class(module: str, op: str) -> str:
+    """attention, matmul, norm, sampling, communication, kv-cache write, or other: by the op, then by the
+    module's own name (`post_attention_layernorm` is a norm)."""
+    for text in (op.lower(), module.rsplit(".", 1)[-1].lower()):
+        for name, words in _CLASSES:
+            if any(w in text for w in words):
+                return name
+    return "other"
+
+
 def _located(runs: _Runs, ch: _Change, equal: bool | None, eager: bool | None, still: bool, status: str,
              note: str) -> LocalizedOp:
-    from oracle.capture.confirm import op_class
-
     call = ch.call
     layout = runs.passes[call.forward_pass]
     module, op, _ = call.key

@@ -237,6 +237,13 @@ class TimesForwardPasses(Protocol):
     forward_seconds: float
 
 
+# What a custom engine adds so that oracle can name the op where a divergence starts (docs/engines.md);
+# what localize says of an engine whose Capabilities do not localize.
+CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
+               "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
+               "from oracle.engines.contract; the native, transformers and vllm engines have one")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine can do beyond `Engine`, as `capabilities(engine)` reads it; each field says whether it

@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from oracle import posture
-from oracle.config import EngineConfig, NativeOptions, OpenAIOptions, TransformersOptions, VllmOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import ENTRY_POINT_GROUP, OPTIONS, OpenAIOptions, VllmOptions, entry_points
 from oracle.errors import ConfigError
 
 if TYPE_CHECKING:
     from oracle.engines.contract import Engine, Mode
-
-ENTRY_POINT_GROUP = "oracle.engines"
 
 Builder = Callable[[EngineConfig, Path, "Mode"], "Engine"]
 # A posture filler: (config.engine, mode, the posture record to fill, its env) -> None, filled in place.
@@ -209,9 +208,20 @@ def _openai_shared_server(cfg: EngineConfig) -> bool:
 
 
 def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
-    from oracle.instances import instance_config
-
-    return instance_config(cfg, mode, index)
+    """`cfg` with the mode's URL list (if any) resolved to instance `index`'s server: the cross_instance check
+    starts a mode's engine a second time. An engine that starts its own server (`command`) is simply started
+    again; a mode given a list of pre-started servers (`base_url: {invariant: [URL, URL], production: URL}`)
+    reaches instance i at the list's item i (the last one past its end); a single URL is the same server for
+    every instance, which the check reports as vacuous."""
+    base = cfg.options.get("base_url")
+    if not isinstance(base, dict) or not isinstance(base.get(mode), list):
+        return cfg
+    urls = base[mode]
+    resolved = {**base, mode: urls[min(index, len(urls) - 1)]}
+    for other, value in resolved.items():
+        if isinstance(value, list):
+            resolved[other] = value[0]
+    return cfg.model_copy(update={"options": {**cfg.options, "base_url": resolved}})
 
 
 def _native_model(cfg: EngineConfig, model_dir: Path) -> None:
@@ -272,19 +282,19 @@ def _openai_server_packages(cfg: EngineConfig) -> list[tuple[str, str, str]]:
     return []
 
 BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
-    EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), NativeOptions, start_work="model load",
+    EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), OPTIONS["native"], start_work="model load",
                declare_posture=posture.declare_native, example="tiny", check_model=_native_model,
                fits=_fits_native),
     EngineKind("transformers", _builtin("oracle.engines.transformers_engine:TransformersEngine"),
-               TransformersOptions, packages=("transformers",),
+               OPTIONS["transformers"], packages=("transformers",),
                install="pip install 'oracle-determinism[transformers]'", start_work="model load",
                declare_posture=posture.declare_transformers, example="transformers", fits=_fits_in_process),
-    EngineKind("vllm", _builtin("oracle.engines.vllm_engine:VllmEngine"), VllmOptions, packages=("vllm",),
+    EngineKind("vllm", _builtin("oracle.engines.vllm_engine:VllmEngine"), OPTIONS["vllm"], packages=("vllm",),
                install=VLLM_INSTALL,
                start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
                code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
                fits=_fits_vllm),
-    EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OpenAIOptions, packages=("httpx",),
+    EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OPTIONS["openai"], packages=("httpx",),
                install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
                own_start_timeout=_openai_start_timeout, code_options=_process_options,
                shared_server=_openai_shared_server, declare_posture=posture.declare_openai, example="server",
@@ -323,17 +333,9 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
 # --- lookup -----------------------------------------------------------------------------------------------------
 
 
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """The installed `oracle.engines` entry points by name (the first one of a name wins, as importlib orders them)."""
-    found: dict[str, importlib.metadata.EntryPoint] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
-
-
 def registered_names() -> list[str]:
     """Kinds installed through the entry point, besides the built-in ones."""
-    return sorted(n for n in _entry_points() if n not in BUILTIN)
+    return sorted(n for n in entry_points() if n not in BUILTIN)
 
 
 _loaded: dict[tuple[str, str], EngineKind] = {}
@@ -342,7 +344,7 @@ _loaded: dict[tuple[str, str], EngineKind] = {}
 def registered(name: str) -> EngineKind | None:
     """The row the entry point `name` of group `oracle.engines` declares, or None when none is installed.
     ConfigError naming the entry point when it cannot be loaded or names neither a row nor a class."""
-    ep = _entry_points().get(name)
+    ep = entry_points().get(name)
     if ep is None:
         return None
     key = (name, ep.value)
@@ -391,15 +393,6 @@ def kind_of(cfg: EngineConfig) -> EngineKind:
 
         return class_row(cfg.kind, custom_class(cfg), user_code=True)
     raise unknown_kind(cfg.kind)
-
-
-def options_model(kind: str) -> type[BaseModel] | None:
-    """The typed options of `kind` (None for free keyword arguments or a kind not known here)."""
-    try:
-        row = known_row(kind)
-    except ConfigError:
-        return None
-    return row.options if row is not None else None
 
 
 def example_configs() -> dict[str, str]:

@@ -18,7 +18,7 @@ request's lifetime (itself included), and `num_tokens` is 0 (unknown).
 No weights are read: the model directory needs only config.json (the vocabulary size, for random
 prompts and fillers) and a tokenizer where prompts are text.
 
-Servers (`engine.options`, typed as `oracle.config.OpenAIOptions`):
+Servers (`engine.options`, typed as `oracle.engine_options.OpenAIOptions`):
 
     base_url: {invariant: URL, production: URL}: a pre-started server per mode. A single URL is
         accepted and serves both modes; the mode comparison then compares a server with itself,
@@ -61,7 +61,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.config import EngineConfig, ModeURLs, OpenAIOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import ModeURLs, OpenAIOptions
 from oracle.engines.contract import Capabilities, Completion, Mode, Request, StepEvidence
 from oracle.errors import ConfigError, EngineError
 from oracle.lifecycle import tether
@@ -203,7 +204,7 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_ca
 class OpenAIEngine:
     """Implements `oracle.engines.contract.Engine` over an OpenAI-compatible HTTP server.
 
-    Configured by `config.options` (`oracle.config.OpenAIOptions`: a running server per mode, or the
+    Configured by `config.options` (`oracle.engine_options.OpenAIOptions`: a running server per mode, or the
     command that starts one); the engine fields do not apply to a server.
     """
 
@@ -475,7 +476,7 @@ class OpenAIEngine:
 
 def mode_url(base_url: str | ModeURLs, mode: Mode) -> str:
     """The URL of `mode`'s server: one URL serves both modes; of a mode's list, the first (the cross_instance
-    check resolves its second instance's beforehand, oracle.instances)."""
+    check resolves its second instance's beforehand, the openai row's `instance` in oracle.engines.kinds)."""
     if isinstance(base_url, str):
         return base_url
     url = base_url.invariant if mode == "invariant" else base_url.production

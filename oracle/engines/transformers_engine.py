@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import oracle_kernels
 import torch
 
-from oracle.config import EngineConfig, TransformersOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import TransformersOptions
 from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.loader import DTYPES
 from oracle.engines.native.sampler import choose, request_generator

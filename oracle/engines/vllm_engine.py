@@ -13,7 +13,7 @@ over the vocabulary, and `top2` holds the top two logprobs (their difference is 
 
 Config (`engine.kind: vllm`): the engine fields dtype, max_num_seqs, max_num_batched_tokens,
 enable_chunked_prefill, enable_prefix_caching and num_threads (the worker's OMP_NUM_THREADS), and
-`engine.options` typed as `oracle.config.VllmOptions`:
+`engine.options` typed as `oracle.engine_options.VllmOptions`:
 
     invariance: "oracle_kernels" | "vllm" | "none"   what invariant mode means (see `INVARIANCE`)
     logprobs: top-k logprobs per step when full rows are not asked for (>= 2, for the margin)
@@ -44,7 +44,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oracle.config import EngineConfig, VllmOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import VllmOptions
 from oracle.engines.contract import Completion, Mode, Request
 from oracle.engines.vllm_plugin import ENV as KERNELS_ENV
 from oracle.engines.vllm_plugin import PLUGIN_NAME

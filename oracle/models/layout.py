@@ -8,12 +8,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from oracle.models.presets import ModelPreset
+from typing import Literal, Protocol
 
 TensorRole = Literal["embedding", "linear", "norm", "final_norm", "lm_head"]
+
+
+class Shape(Protocol):
+    """The dims the layout needs, in Hugging Face config terms: a `ModelPreset` (oracle.models.presets) is one;
+    the layout reads nothing else of it, so it does not import the presets (which compute their size from it)."""
+
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -29,7 +50,7 @@ class TensorSpec:
         return prod(self.shape)
 
 
-def tensor_layout(preset: ModelPreset) -> list[TensorSpec]:
+def tensor_layout(preset: Shape) -> list[TensorSpec]:
     """Every tensor `{Qwen3,Llama}ForCausalLM` loads, in the order written to model.safetensors.
 
     A tied lm_head is absent: transformers and vLLM reuse embed_tokens for it.

@@ -147,7 +147,7 @@ def installed_version(*distributions: str) -> str:
 
 def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
     """vLLM's declared posture: its options (defaults included), engine_args and worker environment."""
-    from oracle.config import VllmOptions
+    from oracle.engine_options import VllmOptions
 
     vllm = engine.options_as(VllmOptions)  # what the engine reads, defaults included
     env.update(vllm.env)
@@ -183,7 +183,7 @@ def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str
 
 def declare_native(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
     """Our own engine: everything follows from the config (`_fill_native`)."""
-    from oracle.config import NativeOptions
+    from oracle.engine_options import NativeOptions
 
     out.update(engine_version="oracle", device=engine.device)
     _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
@@ -196,7 +196,7 @@ def declare_transformers(engine: Any, mode: str, out: dict[str, Any], env: dict[
 
 def declare_openai(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
     """A started server's environment, as far as the config sets it."""
-    from oracle.config import OpenAIOptions
+    from oracle.engine_options import OpenAIOptions
 
     server = engine.options_as(OpenAIOptions)
     env.update({**server.env, **server.mode_env.get(mode, {})})

@@ -57,7 +57,8 @@ def render_reference() -> str:
     models[at:at] = [m for m in options if m not in models]
     kinds = {m: kind for kind, m in engine_options.items()}
     out = ["# Config reference", "",
-           "Generated from `oracle/config.py` by `oracle config reference`; unknown fields are errors.", ""]
+           "Generated from `oracle/config.py` and `oracle/engine_options.py` by `oracle config reference`; unknown "
+           "fields are errors.", ""]
     for m in models:
         out += [f"## {m.__name__}", ""]
         if m.__doc__ and m is not Config:

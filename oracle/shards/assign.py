@@ -6,7 +6,7 @@ the lower index), by an estimate of each trial's cost: the tokens its sequences 
 generated tokens) times the passes it is run (twice when it is repeated). The deal is a function of
 the schedule alone, so every shard and `oracle merge` compute the same one.
 
-What a shard runs (oracle.execute reads `Plan.shard`):
+What a shard runs (`oracle.plan.slice_plan` cuts the plan; oracle.execute reads `Plan.shard`):
 - both modes' solo references of every target (each shard compares its trials against them; merge
   checks that every shard's references are bitwise the same);
 - its trials, and the repeats of those of its trials the whole run repeats (the schedule's first
@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.schedule import Trial
-
-if TYPE_CHECKING:
-    from oracle.plan import Plan
 
 _SPEC = re.compile(r"^\s*(\d{1,9})\s*/\s*(\d{1,9})\s*$")
 MAX_SHARDS = 100_000
@@ -100,17 +96,3 @@ def make_shard(trials: Sequence[Trial], targets: Sequence[Target], max_tokens: i
     ids = assign(trials, targets, max_tokens, repeat_trials, count)[index]
     repeats = frozenset(t.trial_id for t in trials[:repeat_trials]) & frozenset(ids)
     return Shard(index, count, len(trials), tuple(ids), repeats, tuple(trials))
-
-
-def slice_plan(plan: Plan, index: int, count: int) -> Plan:
-    """`plan` with only shard `index` of `count`'s trials (ConfigError for what a shard cannot run)."""
-    schedule = plan.config.schedule
-    if schedule.search.trials:
-        raise ConfigError("--shard: schedule.search runs after the whole schedule and steers by its results; "
-                          "set schedule.search.trials to 0 for a sharded run")
-    if plan.replayed:
-        raise ConfigError("--shard: --db replays earlier failures before the schedule; run them unsharded")
-    shard = make_shard(plan.trials, plan.targets, plan.config.sampling.max_tokens, schedule.repeat_trials,
-                       index, count)
-    keep = set(shard.trial_ids)
-    return replace(plan, trials=tuple(t for t in plan.trials if t.trial_id in keep), shard=shard)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from oracle.config import OpenAIOptions, load_config, parse_config
+from oracle.config import load_config, parse_config
+from oracle.engine_options import OpenAIOptions
 from oracle.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from oracle.config import EngineConfig, NativeOptions, OpenAIOptions, VllmOptions, load_config
+from oracle.config import EngineConfig, load_config
+from oracle.engine_options import NativeOptions, OpenAIOptions, VllmOptions
 from oracle.engines.contract import capabilities
 from oracle.engines.openai_engine import mode_url
 from oracle.errors import ConfigError

@@ -14,7 +14,8 @@ import pytest
 
 from oracle.cli import main
 from oracle.config import EngineConfig, parse_config
-from oracle.engines.kinds import BUILTIN, ENTRY_POINT_GROUP, EngineKind, declared_posture, kind_of
+from oracle.engine_options import ENTRY_POINT_GROUP
+from oracle.engines.kinds import BUILTIN, EngineKind, declared_posture, kind_of
 from oracle.errors import ConfigError
 from oracle.example_configs import example_dir
 from oracle.posture import FIELDS, UNKNOWN

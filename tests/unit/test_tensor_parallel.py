@@ -12,7 +12,8 @@ from typing import Any
 import oracle_kernels
 import pytest
 
-from oracle.config import EngineConfig, VllmOptions, parse_config
+from oracle.config import EngineConfig, parse_config
+from oracle.engine_options import VllmOptions
 from oracle.engines import vllm_plugin
 from oracle.engines.contract import Request, RunSpec, SamplingParams
 from oracle.engines.kinds import declared_posture

@@ -1,17 +1,13 @@
-"""Per-op capture of the native engine (oracle.capture): its passes as the capture sees them."""
+"""Per-op capture of the native engine (oracle.capture): its passes as the capture sees them (the engine's
+`capture` runs them)."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from oracle.capture.rows import Grid, PassLayout, RowCapture
-from oracle.engines.contract import Completion, RunSpec
+from oracle.capture.rows import Grid, PassLayout
 
 if TYPE_CHECKING:
-    from oracle.engines.native.engine import NativeEngine
     from oracle.engines.native.model import StepInputs
     from oracle.engines.native.scheduler import ScheduledSeq
 
@@ -46,29 +42,3 @@ def native_layout(forward_pass: int, step: int, batch: list[ScheduledSeq], input
     }
     return PassLayout(forward_pass, step, tuple(grids), evidence, seq_index=slot, kv_len=start + n,
                       block_size=block_size)
-
-
-def capture_native(engine: NativeEngine, run: RunSpec, rows: RowCapture) -> Completion:
-    """Run `run` with every pass that holds the target captured; every pass runs eagerly meanwhile."""
-    decoder = engine.decoder
-    rows.module_path = lambda: decoder.scopes.path[-1] if decoder.scopes.path else ""
-    counter = itertools.count()
-
-    @contextlib.contextmanager
-    def hook(step: int, batch: list[ScheduledSeq], inputs: StepInputs) -> Iterator[None]:
-        layout = native_layout(next(counter), step, batch, inputs, run.target_index, engine.block_size)
-        if layout is None:
-            yield
-            return
-        with rows.forward_pass(layout, (inputs.input_ids, inputs.positions)):
-            yield
-
-    engine.reset_prefix_cache()
-    if run.warm_with:
-        engine.generate(list(run.warm_with))
-    engine.pass_hook = hook
-    try:
-        out = engine.generate(list(run.requests), run.max_num_batched_tokens)
-    finally:
-        engine.pass_hook = None
-    return out[run.target_index]

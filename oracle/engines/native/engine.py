@@ -13,6 +13,7 @@ option `cuda_graphs`, on by default there); prefill steps run eagerly.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import oracle_kernels
 import torch
 
-from oracle.config import EngineConfig, NativeOptions
+from oracle.config import EngineConfig
+from oracle.engine_options import NativeOptions
 from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
@@ -163,10 +165,32 @@ class NativeEngine:
             torch.set_num_threads(before)
 
     def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
-        """Run `run` with `rows` capturing each pass that holds the target, eagerly (oracle.capture)."""
-        from oracle.engines.native.capture import capture_native
+        """Run `run` with `rows` capturing each pass that holds the target (oracle.capture); every pass runs
+        eagerly meanwhile. Where the target's rows sit in a pass is `native.capture.native_layout`'s."""
+        from oracle.engines.native.capture import native_layout
 
-        return capture_native(self, run, rows)
+        decoder = self.decoder
+        rows.module_path = lambda: decoder.scopes.path[-1] if decoder.scopes.path else ""
+        counter = itertools.count()
+
+        @contextlib.contextmanager
+        def hook(step: int, batch: list[ScheduledSeq], inputs: StepInputs) -> Iterator[None]:
+            layout = native_layout(next(counter), step, batch, inputs, run.target_index, self.block_size)
+            if layout is None:
+                yield
+                return
+            with rows.forward_pass(layout, (inputs.input_ids, inputs.positions)):
+                yield
+
+        self.reset_prefix_cache()
+        if run.warm_with:
+            self.generate(list(run.warm_with))
+        self.pass_hook = hook
+        try:
+            out = self.generate(list(run.requests), run.max_num_batched_tokens)
+        finally:
+            self.pass_hook = None
+        return out[run.target_index]
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
