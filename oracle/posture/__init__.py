@@ -52,8 +52,6 @@ def _setting(value: Any) -> Any:
     give any shape: a list for a version, an object)."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
-    if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
-        return value  # rank_devices: one device per rank
     return UNKNOWN
 
 
