@@ -96,6 +96,8 @@ def posture_of(described: dict[str, Any]) -> dict[str, Any]:
                 value = described[alias]
         if key == "env":
             out[key] = value if value == UNKNOWN else _env(value)
+        elif key == "rank_devices":  # one device per rank, as the ranks report them
+            out[key] = [str(v) for v in value] if isinstance(value, list) and value else UNKNOWN
         else:
             out[key] = _setting(_int_setting(value, 1) if key in _COUNTS and value != UNKNOWN else value)
     if out["engine"] == "native":
