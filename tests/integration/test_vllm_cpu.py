@@ -162,10 +162,20 @@ def test_shipped_vllm_cpu_config_has_a_passing_negative_control(small_qwen3: Pat
     assert report.error is None
     checks = {c.name: c for c in report.checks}
     assert checks["invariance"].verdict == "pass"
-    assert checks["negative_control"].verdict == "pass", checks["negative_control"].message
-    assert checks["drift"].divergent > 0
     posture = report.environment["posture"]["modes"]
     assert posture["production"]["env"].get("VLLM_CPU_ATTN_SPLIT_KV") != "0"
     assert posture["invariant"]["env"]["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
     assert posture["production"]["device"] == "cpu" and posture["production"]["engine_version"] == "0.32.0"
+    # production is not the invariant engine: no rank of it ran oracle_kernels, every rank of invariant mode did
+    # (solo logprobs alone cannot say so: where oneDNN falls back to torch's linear they may agree bit for bit)
+    engines = report.environment["engines"]
+    assert engines["production"]["ranks"] and not any(r["kernels"] for r in engines["production"]["ranks"])
+    assert engines["production"]["ops"]["batch_variant_covered"] == []
+    assert engines["invariant"]["ranks"] and all(r["kernels"] for r in engines["invariant"]["ranks"])
+    assert checks["fidelity"].verdict == "pass"
+    if checks["drift"].divergent == 0:
+        assert checks["negative_control"].verdict == "vacuous"  # never a pass without a divergence
+        pytest.xfail(f"production vLLM gave the solo bits in all {checks['drift'].trials} trials on this CPU "
+                     f"({cpu_label()}): the negative control has nothing to catch here")
+    assert checks["negative_control"].verdict == "pass", checks["negative_control"].message
 
