@@ -1,8 +1,8 @@
 """Localization below the engines: per-op capture (torch only), the rule, confirmation, the repro.
 
 An engine that runs its model in our process (or in its worker) implements one method,
-`capture(run: RunSpec, rows: RowCapture) -> Completion`: it runs `run` with `rows` active on each
-forward pass it makes for the target (see `oracle.engines.contract.Capturable`). `localize_with` does the
+`capture(run: RunSpec, rows: PassRecorder) -> Completion`: it runs `run` with `rows` (a `RowCapture`) active on
+each forward pass it makes for the target (see `oracle.engines.contract.Capturable`). `localize_with` does the
 rest for any engine: both runs captured, the rule applied, the named op run again alone on each
 run's captured inputs (confirmation), and `repro/` written.
 """

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from oracle.capture.copies import clone_inputs
 from oracle.capture.rows import Snapshot, kv_rows, named_args, select_rows
+from oracle.engines.contract import position_ranges
 
 
 def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> torch.Tensor | None:
@@ -146,13 +147,13 @@ def verdict(positions: Sequence[int], alone: tuple[dict[int, torch.Tensor], dict
     could be compared or the re-run does not give the engine's bits (it is not the engine's op, so it can
     neither confirm nor clear it). `how`: the state the op was re-run in, for the note.
     """
-    from oracle.capture.rules import _ranges, bitwise_equal, ulp_distance
+    from oracle.capture.rules import bitwise_equal, ulp_distance
 
     (alone_e, alone_a), (engine_e, engine_a) = alone, engine
     compared = [p for p in positions if p in alone_e and p in alone_a and p in engine_e and p in engine_a]
     if not compared:
         return "not checked", (f"run alone ({how}), the op's result held none of the target's differing rows "
-                               f"(positions {_ranges(positions)}): nothing to compare")
+                               f"(positions {position_ranges(positions)}): nothing to compare")
 
     def same(x: torch.Tensor, y: torch.Tensor) -> bool:
         return bitwise_equal(x, y) is True
@@ -167,22 +168,22 @@ def verdict(positions: Sequence[int], alone: tuple[dict[int, torch.Tensor], dict
     moved = ulps([(engine_e[p], engine_a[p]) for p in compared])
     if differ and not off_e and not off_a:
         return "confirmed", (f"run alone ({how}) on each run's captured inputs, the op gives the engine's bits for "
-                             f"both: positions {_ranges(differ)} differ{ulps([(alone_e[p], alone_a[p]) for p in differ])}"
+                             f"both: positions {position_ranges(differ)} differ{ulps([(alone_e[p], alone_a[p]) for p in differ])}"
                              ", as in the engine")
     if differ:
         return "not checked", (f"run alone ({how}), the op's rows differ between the two inputs at positions "
-                               f"{_ranges(differ)}, but not with the engine's bits (the solo run's inputs at "
-                               f"{_ranges(off_e) if off_e else 'none'}, the trial's at {_ranges(off_a) if off_a else 'none'}"
+                               f"{position_ranges(differ)}, but not with the engine's bits (the solo run's inputs at "
+                               f"{position_ranges(off_e) if off_e else 'none'}, the trial's at {position_ranges(off_a) if off_a else 'none'}"
                                "): this re-run is not the op as the engine ran it, so it neither confirms nor clears it")
     pass_state = ("what moved it is the pass, not the op's inputs (state the op does not take as an input: a "
                   "workspace, a cache, launch metadata, another layer of dispatch)")
     if not off_e:
         return "not reproduced alone", (
             f"run alone ({how}), the op gives the trial's inputs the solo run's bits, the engine's for the solo run; "
-            f"in the trial the engine gave positions {_ranges(off_a)} other bits{moved}: {pass_state}")
+            f"in the trial the engine gave positions {position_ranges(off_a)} other bits{moved}: {pass_state}")
     if not off_a:
         return "not reproduced alone", (
             f"run alone ({how}), the op gives the solo run's inputs the trial's bits, the engine's for the trial; "
-            f"in the solo run the engine gave positions {_ranges(off_e)} other bits{moved}: {pass_state}")
+            f"in the solo run the engine gave positions {position_ranges(off_e)} other bits{moved}: {pass_state}")
     return "not checked", (f"run alone ({how}), the op gives both inputs equal bits, but neither run's engine bits "
-                           f"(positions {_ranges(compared)}): this re-run is not the op as the engine ran it")
+                           f"(positions {position_ranges(compared)}): this re-run is not the op as the engine ran it")

@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from oracle.capture.copies import BLOCK_TABLE_ARGS, clone_inputs, named_args
 from oracle.capture.state import OpState
-from oracle.engines.contract import Completion
+from oracle.engines.contract import Completion, Grid, PassLayout
 
 # (module path, op label, occurrence of that op in that module within its pass)
 OpKey = tuple[str, str, int]
@@ -49,37 +49,6 @@ ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted"
 FRESH_MAKERS = ALLOCATORS - {"resize_", "resize_as_"}
 # In-place ops that overwrite `self` without reading it.
 OVERWRITERS = frozenset({"copy_", "fill_", "zero_", "index_copy_"})
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A token layout of a pass and where the target's tokens sit in it.
-
-    `shape` is `(T,)` for a flattened layout (rows along dim 0) or `(B, S)` for a batch of
-    sequences; `rows[i]` indexes into it (a 1- or 2-tuple) and holds token `positions[i]`.
-    """
-
-    shape: tuple[int, ...]
-    rows: tuple[tuple[int, ...], ...]
-    positions: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PassLayout:
-    """One forward pass as the capture sees it.
-
-    `grids` are tried in order (the first that fits a tensor's shape wins); `seq_index` is the
-    target's sequence among the pass's (its block-table row), `kv_len` the number of positions it
-    attends to, `block_size` the KV cache's, when the engine knows them (for `kv_read`).
-    """
-
-    forward_pass: int
-    engine_step: int | None
-    grids: tuple[Grid, ...]
-    evidence: dict[str, Any]
-    seq_index: int | None = None
-    kv_len: int | None = None
-    block_size: int | None = None
 
 
 @dataclass

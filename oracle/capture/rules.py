@@ -25,95 +25,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from oracle.capture.rows import Captured, OpCall, OpKey
 from oracle.compare import first_divergence
+from oracle.engines.contract import LocalizedOp, position_ranges
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 STATUSES = ("localized", "kv_state", "after_capture", "inconclusive")
-
-
-@dataclass(frozen=True)
-class LocalizedOp:
-    """Where a target's bits first moved, inside the model.
-
-    `status`: `localized` (an op, named by `module` and `op`), `kv_state` (the KV cache it read
-    differed), `after_capture` (every captured op agreed; `op` is the last one that did) or
-    `inconclusive` (`module` is the narrowest bound, `note` says why). `positions`: the target's
-    token positions whose rows differ; `shape`: the result's full shape in the failing run; `ulp`:
-    the largest distance between differing elements on the ordered integer line of their bit
-    patterns; `inputs_equal`: whether every row-aligned input was bitwise equal; `within`: the
-    custom op the named op ran inside; `op_class`: attention, matmul, norm, sampling,
-    communication, kv-cache write or other; `confirmation`: `confirmed` (run alone on each run's
-    captured inputs, the op reproduces the difference), `not reproduced alone`, or `not checked`
-    (`confirm_note` says why); `depends_on`: launch quantities that differed between the two calls
-    ({name: [expected, actual]}); `repro`: the folder of the standalone repro, when written.
-    """
-
-    module: str
-    op: str
-    layer: int | None
-    forward_pass: int
-    engine_step: int | None
-    positions: tuple[int, ...]
-    shape: tuple[int, ...]
-    ulp: int | None
-    max_abs_diff: float | None
-    inputs_equal: bool | None
-    pass_evidence: dict[str, Any] = field(default_factory=dict)
-    eager: bool | None = None
-    still_diverged: bool = True
-    note: str = ""
-    status: str = "localized"
-    kind: str = "out"
-    within: str = ""
-    op_class: str = "other"
-    confirmation: str = "not checked"
-    confirm_note: str = ""
-    depends_on: dict[str, Any] = field(default_factory=dict)
-    repro: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["positions"] = list(self.positions)
-        d["shape"] = list(self.shape)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LocalizedOp:
-        return cls(**{**d, "positions": tuple(d["positions"]), "shape": tuple(d["shape"])})
-
-    def describe(self) -> str:
-        """One line for the console, junit and a pytest failure message."""
-        layer = f" (layer {self.layer})" if self.layer is not None else ""
-        where = f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")
-        size = f"{self.ulp} ULP" if self.ulp is not None else "differs"
-        if self.max_abs_diff is not None:
-            size += f", max abs {self.max_abs_diff:.3g}"
-        inputs = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}[self.inputs_equal]
-        ev = self.pass_evidence
-        shared = ", ".join(f"{k} {ev[k]}" for k in ("num_seqs", "num_tokens", "num_prefill_tokens",
-                                                     "num_decode_tokens") if k in ev)
-        kind = ("prefill" if ev.get("target_is_prefill") else "decode") if "target_is_prefill" in ev else ""
-        op = self.op + (f" inside {self.within}" if self.within else "")
-        head = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
-                "inconclusive": "inconclusive, within "}.get(self.status, "")
-        line = (f"{head}{self.module or '<model>'} {op}{layer} at {where}, positions {_ranges(self.positions)}, "
-                f"shape {list(self.shape)}: {size}, {inputs}; pass: {', '.join(x for x in (kind, shared) if x)}")
-        if self.status == "localized":
-            line += f"; {self.op_class}; {self.confirmation}"
-            if self.depends_on:
-                line += " (" + ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items()) + ")"
-        if self.eager:
-            line += "; rerun eager" + ("" if self.still_diverged else " (no longer diverged)")
-        elif not self.still_diverged:
-            line += "; the rerun's outputs did not diverge"
-        return line + (f"; {self.note}" if self.note else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +287,7 @@ def _kv_state(runs: _Runs, ch: _Change, eager: bool | None, still: bool) -> Loca
     if inherited:
         inherited_ch = _Change(call, inherited, [pr for p, pr in zip(ch.positions, ch.pairs, strict=True)
                                                  if p in inherited])
-        note = (f"positions {_ranges(inherited)} were not computed by the target in this run (another request's "
+        note = (f"positions {position_ranges(inherited)} were not computed by the target in this run (another request's "
                 "pass wrote them: a prefix-cache hit) and differ from what its solo run wrote")
         return _located(runs, inherited_ch, None, eager, still, "kv_state", note)
     layer = _LAYER.search(call.key[0])
@@ -375,10 +297,10 @@ def _kv_state(runs: _Runs, ch: _Change, eager: bool | None, still: bool) -> Loca
     unseen = [p for p in ch.positions if p not in written]
     parts = []
     if seen:
-        parts.append(f"the target wrote positions {_ranges(seen)} itself, and the captured writes agreed: the cache "
+        parts.append(f"the target wrote positions {position_ranges(seen)} itself, and the captured writes agreed: the cache "
                      "changed between write and read where the capture could not see")
     if unseen:
-        parts.append(f"the target computed positions {_ranges(unseen)} in an earlier pass, but no write of them into "
+        parts.append(f"the target computed positions {position_ranges(unseen)} in an earlier pass, but no write of them into "
                      "this cache was captured: the op that wrote them is not known")
     return _located(runs, ch, None, eager, still, "inconclusive", "the KV cache differed as it was read; "
                     + "; ".join(parts))
@@ -403,19 +325,3 @@ def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> L
     return _located(runs, ch, True, eager, True, "after_capture",
                     f"every captured op agreed, yet the outputs differ{step}: the difference was made after "
                     "the last captured op (sampling, a logits processor, post-processing)")
-
-
-def _ranges(positions: Sequence[int]) -> str:
-    """[3, 4, 5, 9] -> "3-5, 9"."""
-    parts: list[str] = []
-    run_start = prev = None
-    for p in positions:
-        if prev is not None and p == prev + 1:
-            prev = p
-            continue
-        if run_start is not None:
-            parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
-        run_start = prev = p
-    if run_start is not None:
-        parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
-    return ", ".join(parts) or "-"

@@ -8,6 +8,9 @@ the evidence of what shared its forward passes.
 an optional capability, declared by implementing its protocol below (`StopsAtEos`,
 `ResetsPrefixCache`, `Capturable`, `LocalizesInWorker`, `LaysOutPasses`, `DeclaresOpPackages`,
 `TimesForwardPasses`); an engine class may also say `needs_weights = False` (`class_needs_weights`).
+The types the capture capabilities pass are declared here too, so that the contract imports nothing
+of oracle: `PassRecorder` (what `oracle.capture.rows.RowCapture` offers an engine's capture),
+`PassLayout` and `Grid` (where the target's tokens sit in a pass) and `LocalizedOp` (the answer).
 `capabilities(engine)` reads them into one frozen `Capabilities`, with every field off for an engine
 that declares none, so an engine with the four required members runs every check that needs
 nothing more. Ask `capabilities(engine)` whether an engine can do something, never `isinstance`
@@ -18,20 +21,19 @@ capability's method and states its engine's through its own `capabilities`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from oracle.capture.rows import PassLayout, RowCapture
-    from oracle.capture.rules import LocalizedOp
-
-__all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
-           "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
-           "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "class_needs_weights",
-           "missing_members", "output_problem", "request_problem", "run_generate"]
+__all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine", "Grid",
+           "LaysOutPasses", "LocalizedOp", "LocalizesInWorker", "Mode", "PassLayout", "PassRecorder", "Request",
+           "ResetsPrefixCache", "RunSpec", "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses",
+           "capabilities", "class_needs_weights", "missing_members", "output_problem", "position_ranges",
+           "request_problem", "run_generate"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -162,6 +164,160 @@ class RunSpec:
     warm_with: tuple[Request, ...] = ()
 
 
+# --- what the capture capabilities pass: where the target sits, the recorder, the answer -----------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A token layout of a pass and where the target's tokens sit in it.
+
+    `shape` is `(T,)` for a flattened layout (rows along dim 0) or `(B, S)` for a batch of
+    sequences; `rows[i]` indexes into it (a 1- or 2-tuple) and holds token `positions[i]`.
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """One forward pass as the capture sees it.
+
+    `grids` are tried in order (the first that fits a tensor's shape wins); `seq_index` is the
+    target's sequence among the pass's (its block-table row), `kv_len` the number of positions it
+    attends to, `block_size` the KV cache's, when the engine knows them (for `kv_read`).
+    """
+
+    forward_pass: int
+    engine_step: int | None
+    grids: tuple[Grid, ...]
+    evidence: dict[str, Any]
+    seq_index: int | None = None
+    kv_len: int | None = None
+    block_size: int | None = None
+
+
+class PassRecorder(Protocol):
+    """What an engine's `capture` is handed (`oracle.capture.rows.RowCapture`): it opens each forward pass that
+    holds the target with `forward_pass(layout, inputs)` (`inputs`: the pass's token-aligned tensors), and says
+    which module is running through `module_path`. `bypass` names ops (`namespace.name`) to observe at the
+    Python call, `enter` the namespaces of wrapper ops whose insides are captured."""
+
+    module_path: Callable[[], str]
+    bypass: tuple[str, ...]
+    enter: tuple[str, ...]
+
+    def forward_pass(self, layout: PassLayout, inputs: Sequence[Any]) -> AbstractContextManager[None]:
+        """Capture one pass laid out as `layout`, its rows starting at `inputs`."""
+        ...
+
+
+# The line a status starts with in `LocalizedOp.describe`.
+_STATUS_HEADS = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
+                 "inconclusive": "inconclusive, within "}
+_INPUTS = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}
+_SHARED = ("num_seqs", "num_tokens", "num_prefill_tokens", "num_decode_tokens")
+
+
+@dataclass(frozen=True)
+class LocalizedOp:
+    """Where a target's bits first moved, inside the model.
+
+    `status`: `localized` (an op, named by `module` and `op`), `kv_state` (the KV cache it read
+    differed), `after_capture` (every captured op agreed; `op` is the last one that did) or
+    `inconclusive` (`module` is the narrowest bound, `note` says why). `positions`: the target's
+    token positions whose rows differ; `shape`: the result's full shape in the failing run; `ulp`:
+    the largest distance between differing elements on the ordered integer line of their bit
+    patterns; `inputs_equal`: whether every row-aligned input was bitwise equal; `within`: the
+    custom op the named op ran inside; `op_class`: attention, matmul, norm, sampling,
+    communication, kv-cache write or other; `confirmation`: `confirmed` (run alone on each run's
+    captured inputs, the op reproduces the difference), `not reproduced alone`, or `not checked`
+    (`confirm_note` says why); `depends_on`: launch quantities that differed between the two calls
+    ({name: [expected, actual]}); `repro`: the folder of the standalone repro, when written.
+    """
+
+    module: str
+    op: str
+    layer: int | None
+    forward_pass: int
+    engine_step: int | None
+    positions: tuple[int, ...]
+    shape: tuple[int, ...]
+    ulp: int | None
+    max_abs_diff: float | None
+    inputs_equal: bool | None
+    pass_evidence: dict[str, Any] = field(default_factory=dict)
+    eager: bool | None = None
+    still_diverged: bool = True
+    note: str = ""
+    status: str = "localized"
+    kind: str = "out"
+    within: str = ""
+    op_class: str = "other"
+    confirmation: str = "not checked"
+    confirm_note: str = ""
+    depends_on: dict[str, Any] = field(default_factory=dict)
+    repro: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["positions"] = list(self.positions)
+        d["shape"] = list(self.shape)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LocalizedOp:
+        return cls(**{**d, "positions": tuple(d["positions"]), "shape": tuple(d["shape"])})
+
+    def describe(self) -> str:
+        """One line for the console, junit and a pytest failure message."""
+        op = self.op + (f" inside {self.within}" if self.within else "")
+        layer = f" (layer {self.layer})" if self.layer is not None else ""
+        line = (f"{_STATUS_HEADS.get(self.status, '')}{self.module or '<model>'} {op}{layer} at {self._where()}, "
+                f"positions {position_ranges(self.positions)}, shape {list(self.shape)}: {self._size()}, "
+                f"{_INPUTS[self.inputs_equal]}; pass: {self._pass()}")
+        tail = [self._confirmed(), self._rerun(), f"; {self.note}" if self.note else ""]
+        return line + "".join(tail)
+
+    def _where(self) -> str:
+        return f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")
+
+    def _size(self) -> str:
+        size = f"{self.ulp} ULP" if self.ulp is not None else "differs"
+        return size + (f", max abs {self.max_abs_diff:.3g}" if self.max_abs_diff is not None else "")
+
+    def _pass(self) -> str:
+        """What shared the pass: prefill or decode for the target, and the pass's sizes."""
+        ev = self.pass_evidence
+        shared = ", ".join(f"{k} {ev[k]}" for k in _SHARED if k in ev)
+        kind = ("prefill" if ev["target_is_prefill"] else "decode") if "target_is_prefill" in ev else ""
+        return ", ".join(x for x in (kind, shared) if x)
+
+    def _confirmed(self) -> str:
+        """A named op's class and confirmation, with the launch quantities that differed."""
+        if self.status != "localized":
+            return ""
+        depends = ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items())
+        return f"; {self.op_class}; {self.confirmation}" + (f" ({depends})" if depends else "")
+
+    def _rerun(self) -> str:
+        if self.eager:
+            return "; rerun eager" + ("" if self.still_diverged else " (no longer diverged)")
+        return "" if self.still_diverged else "; the rerun's outputs did not diverge"
+
+
+def position_ranges(positions: Sequence[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9" (positions in order; "-" for none)."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and p == runs[-1][-1] + 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
+
+
 # --- optional capabilities: each a protocol an engine implements, or not -------------------------
 
 
@@ -192,7 +348,7 @@ class Capturable(Protocol):
     """An engine whose model runs in this process and can be captured per op (native, transformers):
     localization (`oracle.localize`, `oracle.capture`) runs both sides of a divergence through it."""
 
-    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
+    def capture(self, run: RunSpec, rows: PassRecorder) -> Completion:
         """Reset the prefix cache, run `run.warm_with` uncaptured, then `run.requests` (with `run.max_num_batched_tokens`)
         with `rows` active on every forward pass that holds the target; the target's Completion.
         Runs every pass eagerly (no CUDA graphs), on the calling thread."""
