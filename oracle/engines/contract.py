@@ -506,28 +506,69 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_toke
         return f"returned {type(c).__name__}, not a Completion"
     if not isinstance(c.token_ids, list) or not isinstance(c.logprobs, list):
         return "token_ids and logprobs must be lists"
-    n, want = len(c.token_ids), request.sampling.max_tokens
-    if n > want or (n < want and not stop_at_eos):
-        return (f"{n} tokens for max_tokens {want} (a request generates exactly max_tokens: "
+    expected = _Expected(request.sampling.max_tokens, stop_at_eos, tuple(eos_token_ids))
+    return next((problem for check in _CONTENT_CHECKS if (problem := check(c, expected)) is not None), None)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What a well-formed completion of one request holds: `max_tokens` tokens, or fewer ending in an EOS id."""
+
+    max_tokens: int
+    stop_at_eos: bool
+    eos_token_ids: tuple[int, ...]
+
+
+def _token_count(c: Completion, want: _Expected) -> str | None:
+    n = len(c.token_ids)
+    if n > want.max_tokens or (n < want.max_tokens and not want.stop_at_eos):
+        return (f"{n} tokens for max_tokens {want.max_tokens} (a request generates exactly max_tokens: "
                 "EOS is ignored, so a short output is a truncated one)")
-    if n < want and (n == 0 or c.token_ids[-1] not in eos_token_ids):
-        ends = f"ends in token {c.token_ids[-1]!r}" if n else "is empty"
-        return (f"{n} tokens for max_tokens {want}: the engine stops at EOS, but the output {ends}, not an "
-                f"EOS token ({', '.join(map(str, eos_token_ids)) or 'the engine declares none'}): a truncated one")
+    return None
+
+
+def _short_without_eos(c: Completion, want: _Expected) -> str | None:
+    """An engine that stops at EOS may return fewer tokens, the last of them an EOS id."""
+    n = len(c.token_ids)
+    if n == want.max_tokens or (n and c.token_ids[-1] in want.eos_token_ids):
+        return None
+    ends = f"ends in token {c.token_ids[-1]!r}" if n else "is empty"
+    eos = ", ".join(map(str, want.eos_token_ids)) or "the engine declares none"
+    return (f"{n} tokens for max_tokens {want.max_tokens}: the engine stops at EOS, but the output {ends}, not an "
+            f"EOS token ({eos}): a truncated one")
+
+
+def _token_ids(c: Completion, want: _Expected) -> str | None:
     bad_id = next((t for t in c.token_ids if type(t) is not int or t < 0), None)
-    if bad_id is not None:
-        return f"token id {bad_id!r} is not a non-negative int"
-    for name in ("logprobs", "logits", "logits_digests", "top2"):
-        values = getattr(c, name)
-        if values is not None and len(values) != n:
-            return f"{len(values)} {name} for {n} tokens"
+    return f"token id {bad_id!r} is not a non-negative int" if bad_id is not None else None
+
+
+def _step_lengths(c: Completion, want: _Expected) -> str | None:
+    """Every per-step list holds one entry per token."""
+    n = len(c.token_ids)
+    lengths = ((name, len(values)) for name in ("logprobs", "logits", "logits_digests", "top2")
+               if (values := getattr(c, name)) is not None)
+    return next((f"{length} {name} for {n} tokens" for name, length in lengths if length != n), None)
+
+
+def _logprobs(c: Completion, want: _Expected) -> str | None:
+    """A sampled token has a finite probability: its logprob is a finite number."""
     for i, lp in enumerate(c.logprobs):
         if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
             return f"step {i}: the sampled token's logprob is {lp!r}, not a finite number"
+    return None
+
+
+def _top2(c: Completion, want: _Expected) -> str | None:
+    """The top-1 logit is finite; the top-2 may be -Inf (a masked logit), never NaN or +Inf."""
     for i, pair in enumerate(c.top2 or ()):
         top1, top2 = (float(v) for v in pair)
         if not math.isfinite(top1) or math.isnan(top2) or top2 == math.inf:
             return f"step {i}: top-2 logits ({top1!r}, {top2!r}) are not finite"
+    return None
+
+
+def _logits_rows(c: Completion, want: _Expected) -> str | None:
     for i, row in enumerate(c.logits or ()):
         if row is None:
             return f"step {i}: no logits row"
@@ -535,3 +576,8 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_toke
         if found is not None:
             return f"step {i}: logits row holds {found[1]!r} at token {found[0]}"
     return None
+
+
+# The checks of a Completion's contents, in order: each may assume the ones before it passed.
+_CONTENT_CHECKS: tuple[Callable[[Completion, _Expected], str | None], ...] = (
+    _token_count, _short_without_eos, _token_ids, _step_lengths, _logprobs, _top2, _logits_rows)
