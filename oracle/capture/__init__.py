@@ -1,8 +1,8 @@
 """Localization below the engines: per-op capture (torch only), the rule, confirmation, the repro.
 
 An engine that runs its model in our process (or in its worker) implements one method,
-`capture(run: RunSpec, rows: RowCapture) -> Completion`: it runs `run` with `rows` active on each
-forward pass it makes for the target (see `oracle.engines.contract.Capturable`). `localize_with` does the
+`capture(run: RunSpec, rows: PassRecorder) -> Completion`: it runs `run` with `rows` (a `RowCapture`) active on
+each forward pass it makes for the target (see `oracle.engines.contract.Capturable`). `localize_with` does the
 rest for any engine: both runs captured, the rule applied, the named op run again alone on each
 run's captured inputs (confirmation), and `repro/` written.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,41 +57,53 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
         run_alone,
         verdict,
     )
-    from oracle.capture.repro import write_repro
 
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
     assert op is not None and a_call is not None
     if e_call is None:
         return replace(op, confirmation="not checked", confirm_note="the op did not run in the solo run")
-    e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key)))
-    a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key)))
-    if e.snapshot is None or a.snapshot is None:
-        return replace(op, confirmation="not checked",
-                       confirm_note="the op's inputs were not captured again in the rerun")
-    depends = differing_quantities(launch_quantities(e.snapshot), launch_quantities(a.snapshot))
-    moved = row_inputs_differ(e.snapshot, a.snapshot, op.positions)
+    e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key))).snapshot
+    a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key))).snapshot
+    if e is None or a is None:
+        return replace(op, confirmation="not checked", confirm_note="the op's inputs were not captured again in the rerun")
+    depends = differing_quantities(launch_quantities(e), launch_quantities(a))
+    moved = row_inputs_differ(e, a, op.positions)
     if moved:  # an input the capture could not follow already differed at the target's rows
-        return replace(op, status="inconclusive", inputs_equal=False, confirmation="not checked", depends_on=depends,
-                       note="; ".join(x for x in (op.note, f"its input {', '.join(moved)} already differed at the "
-                                                  "target's rows (computed where the capture could not follow): "
-                                                  "the cause is upstream of this op") if x))
-    state = a.snapshot.state or e.snapshot.state
-    how = state.describe() if state is not None else f"{a.snapshot.threads} threads, kernel mode unrecorded"
+        return _upstream(op, moved, depends)
     try:
-        alone_e = run_alone(e.snapshot, e_call.grid, e_call.kind)
-        alone_a = run_alone(a.snapshot, a_call.grid, a_call.kind)
+        alone = (run_alone(e, e_call.grid, e_call.kind), run_alone(a, a_call.grid, a_call.kind))
     except Exception as err:  # an op that needs its engine's context (a forward context, a stream) to run
         return replace(op, confirmation="not checked", depends_on=depends,
                        confirm_note=f"the op could not run alone: {type(err).__name__}: {err}")
     engine_rows = (dict(zip(e_call.positions, e_call.rows, strict=True)),
                    dict(zip(a_call.positions, a_call.rows, strict=True)))
-    status, note = verdict(op.positions, (alone_e, alone_a), engine_rows, how)
+    status, note = verdict(op.positions, alone, engine_rows, _how_it_ran(e, a))
     op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
-    if repro_dir is not None:
-        try:
-            path = write_repro(repro_dir, op.to_json(), e.snapshot, a.snapshot, (e_call.grid, a_call.grid), imports,
-                               a_call.kind)
-            op = replace(op, repro=str(path))
-        except OSError as err:
-            op = replace(op, confirm_note=f"{op.confirm_note}; repro/ not written: {err}")
-    return op
+    return op if repro_dir is None else _with_repro(op, repro_dir, (e, a), (e_call, a_call), imports)
+
+
+def _upstream(op: LocalizedOp, moved: list[str], depends: dict[str, list[Any]]) -> LocalizedOp:
+    """The op read an input that already differed where the capture could not follow it: not the cause."""
+    cause = (f"its input {', '.join(moved)} already differed at the target's rows (computed where the capture "
+             "could not follow): the cause is upstream of this op")
+    return replace(op, status="inconclusive", inputs_equal=False, confirmation="not checked", depends_on=depends,
+                   note="; ".join(x for x in (op.note, cause) if x))
+
+
+def _how_it_ran(expected: Snapshot, actual: Snapshot) -> str:
+    """The state the op is re-run in, for the confirmation's note."""
+    state = actual.state or expected.state
+    return state.describe() if state is not None else f"{actual.threads} threads, kernel mode unrecorded"
+
+
+def _with_repro(op: LocalizedOp, repro_dir: Path, snapshots: tuple[Snapshot, Snapshot], calls: tuple[OpCall, OpCall],
+                imports: Sequence[str]) -> LocalizedOp:
+    """`repro_dir` written for the op; a folder that could not be written is said in the note."""
+    from oracle.capture.repro import write_repro
+
+    (e, a), (e_call, a_call) = snapshots, calls
+    try:
+        path = write_repro(repro_dir, op.to_json(), e, a, (e_call.grid, a_call.grid), imports, a_call.kind)
+    except OSError as err:
+        return replace(op, confirm_note=f"{op.confirm_note}; repro/ not written: {err}")
+    return replace(op, repro=str(path))

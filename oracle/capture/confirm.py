@@ -22,6 +22,8 @@ from torch.utils._pytree import tree_flatten
 
 from oracle.capture.copies import clone_inputs
 from oracle.capture.rows import Snapshot, kv_rows, named_args, select_rows
+from oracle.capture.rules import bitwise_equal, ulp_distance
+from oracle.engines.contract import position_ranges
 
 
 def result_tensor(snap: Snapshot, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> torch.Tensor | None:
@@ -71,23 +73,34 @@ def launch_quantities(snap: Snapshot) -> dict[str, Any]:
     """Batch-wide numbers the call's kernel could have chosen its configuration by (JSON-able)."""
     named = named_args(snap.func, snap.args, snap.kwargs)
     q: dict[str, Any] = {}
-    tensors = [t for t in tree_flatten((snap.args, snap.kwargs))[0] if isinstance(t, torch.Tensor)]
-    first = next((t for t in tensors if t.is_floating_point()), None)
+    first = next((t for t in tree_flatten((snap.args, snap.kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     if first is not None and first.dim() >= 1:
         q["rows"] = int(first.shape[0])  # packed query length, or M of a matmul
     for name in _QUANTITIES:
-        v = named.get(name)
-        if isinstance(v, bool) or v is None:
-            continue
-        if isinstance(v, (int, float)):
-            q[name] = v
-        elif isinstance(v, torch.Tensor) and v.dim() == 1 and not v.is_floating_point():
-            q[f"{name}.len"] = int(v.shape[0])
-            if name in ("cu_seqlens_q", "query_start_loc") and v.numel():
-                q["num_seqs"] = int(v.shape[0]) - 1
-                q["packed_query_len"] = int(v[-1].item())
-        elif isinstance(v, torch.Tensor) and v.dim() == 2:
-            q[f"{name}.shape"] = list(v.shape)
+        q.update(_quantities_of(name, named.get(name)))
+    return q
+
+
+def _quantities_of(name: str, v: Any) -> dict[str, Any]:
+    """What one argument says: a number as it is, an index tensor's length, a 2-D tensor's shape."""
+    if isinstance(v, bool) or v is None:
+        return {}
+    if isinstance(v, (int, float)):
+        return {name: v}
+    if not isinstance(v, torch.Tensor):
+        return {}
+    if v.dim() == 1 and not v.is_floating_point():
+        return _lengths(name, v)
+    return {f"{name}.shape": list(v.shape)} if v.dim() == 2 else {}
+
+
+def _lengths(name: str, v: torch.Tensor) -> dict[str, Any]:
+    """An index tensor's length; cumulative query starts also give the sequences and the packed query length."""
+    q: dict[str, Any] = {f"{name}.len": int(v.shape[0])}
+    if name in ("cu_seqlens_q", "query_start_loc") and v.numel():
+        q["num_seqs"] = int(v.shape[0]) - 1
+        q["packed_query_len"] = int(v[-1].item())
     return q
 
 
@@ -115,16 +128,23 @@ def row_inputs_differ(expected: Snapshot, actual: Snapshot, positions: Sequence[
         e = e_named.get(name)
         if name in pure or not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor):
             continue
-        rows_a = _rows_by_position(a, actual)
-        rows_e = _rows_by_position(e, expected)
-        for pos in positions:
-            ra, re_ = rows_a.get(pos), rows_e.get(pos)
-            if ra is not None and re_ is not None and (ra.shape != re_.shape or not torch.equal(
-                    ra.reshape(-1).view(torch.uint8) if ra.is_floating_point() else ra,
-                    re_.reshape(-1).view(torch.uint8) if re_.is_floating_point() else re_)):
-                out.append(name)
-                break
+        if _differ_at(_rows_by_position(a, actual), _rows_by_position(e, expected), positions):
+            out.append(name)
     return out
+
+
+def _differ_at(rows_a: dict[int, torch.Tensor], rows_e: dict[int, torch.Tensor], positions: Sequence[int]) -> bool:
+    """Some position both calls hold a row for has rows of other shapes or other bits."""
+    for pos in positions:
+        ra, re_ = rows_a.get(pos), rows_e.get(pos)
+        if ra is not None and re_ is not None and (ra.shape != re_.shape or not torch.equal(_bits(ra), _bits(re_))):
+            return True
+    return False
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float row as its bytes (NaN payloads and -0.0 compare as the bits they are); other rows as they are."""
+    return t.reshape(-1).view(torch.uint8) if t.is_floating_point() else t
 
 
 def _rows_by_position(t: torch.Tensor, snap: Snapshot) -> dict[int, torch.Tensor]:
@@ -146,43 +166,58 @@ def verdict(positions: Sequence[int], alone: tuple[dict[int, torch.Tensor], dict
     could be compared or the re-run does not give the engine's bits (it is not the engine's op, so it can
     neither confirm nor clear it). `how`: the state the op was re-run in, for the note.
     """
-    from oracle.capture.rules import _ranges, bitwise_equal, ulp_distance
-
     (alone_e, alone_a), (engine_e, engine_a) = alone, engine
-    compared = [p for p in positions if p in alone_e and p in alone_a and p in engine_e and p in engine_a]
+    compared = [p for p in positions if all(p in rows for rows in (alone_e, alone_a, engine_e, engine_a))]
     if not compared:
         return "not checked", (f"run alone ({how}), the op's result held none of the target's differing rows "
-                               f"(positions {_ranges(positions)}): nothing to compare")
-
-    def same(x: torch.Tensor, y: torch.Tensor) -> bool:
-        return bitwise_equal(x, y) is True
-
-    def ulps(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
-        found = [u for x, y in pairs if (u := ulp_distance(x, y)) is not None]
-        return f" by up to {max(found)} ULP" if found else ""
-
-    differ = [p for p in compared if not same(alone_e[p], alone_a[p])]
-    off_e = [p for p in compared if not same(alone_e[p], engine_e[p])]
-    off_a = [p for p in compared if not same(alone_a[p], engine_a[p])]
-    moved = ulps([(engine_e[p], engine_a[p]) for p in compared])
-    if differ and not off_e and not off_a:
-        return "confirmed", (f"run alone ({how}) on each run's captured inputs, the op gives the engine's bits for "
-                             f"both: positions {_ranges(differ)} differ{ulps([(alone_e[p], alone_a[p]) for p in differ])}"
-                             ", as in the engine")
+                               f"(positions {position_ranges(positions)}): nothing to compare")
+    differ = _differing(alone_e, alone_a, compared)
+    off_e = _differing(alone_e, engine_e, compared)
+    off_a = _differing(alone_a, engine_a, compared)
     if differ:
-        return "not checked", (f"run alone ({how}), the op's rows differ between the two inputs at positions "
-                               f"{_ranges(differ)}, but not with the engine's bits (the solo run's inputs at "
-                               f"{_ranges(off_e) if off_e else 'none'}, the trial's at {_ranges(off_a) if off_a else 'none'}"
-                               "): this re-run is not the op as the engine ran it, so it neither confirms nor clears it")
-    pass_state = ("what moved it is the pass, not the op's inputs (state the op does not take as an input: a "
-                  "workspace, a cache, launch metadata, another layer of dispatch)")
+        return _differ_alone(how, differ, off_e, off_a, alone)
+    return _agree_alone(how, compared, off_e, off_a, _ulps([(engine_e[p], engine_a[p]) for p in compared]))
+
+
+def _differ_alone(how: str, differ: list[int], off_e: list[int], off_a: list[int],
+                  alone: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]) -> tuple[str, str]:
+    """Alone, the two inputs give different bits: `confirmed` when they are the engine's for both runs."""
+    if not off_e and not off_a:
+        by = _ulps([(alone[0][p], alone[1][p]) for p in differ])
+        return "confirmed", (f"run alone ({how}) on each run's captured inputs, the op gives the engine's bits for "
+                             f"both: positions {position_ranges(differ)} differ{by}, as in the engine")
+    return "not checked", (f"run alone ({how}), the op's rows differ between the two inputs at positions "
+                           f"{position_ranges(differ)}, but not with the engine's bits (the solo run's inputs at "
+                           f"{position_ranges(off_e) if off_e else 'none'}, the trial's at "
+                           f"{position_ranges(off_a) if off_a else 'none'}"
+                           "): this re-run is not the op as the engine ran it, so it neither confirms nor clears it")
+
+
+# Why the engine's bits moved when the op alone gives both inputs equal bits.
+_PASS_STATE = ("what moved it is the pass, not the op's inputs (state the op does not take as an input: a "
+               "workspace, a cache, launch metadata, another layer of dispatch)")
+
+
+def _agree_alone(how: str, compared: list[int], off_e: list[int], off_a: list[int], moved: str) -> tuple[str, str]:
+    """Alone, both inputs give equal bits: `not reproduced alone` when those are the engine's bits for one run."""
     if not off_e:
         return "not reproduced alone", (
             f"run alone ({how}), the op gives the trial's inputs the solo run's bits, the engine's for the solo run; "
-            f"in the trial the engine gave positions {_ranges(off_a)} other bits{moved}: {pass_state}")
+            f"in the trial the engine gave positions {position_ranges(off_a)} other bits{moved}: {_PASS_STATE}")
     if not off_a:
         return "not reproduced alone", (
             f"run alone ({how}), the op gives the solo run's inputs the trial's bits, the engine's for the trial; "
-            f"in the solo run the engine gave positions {_ranges(off_e)} other bits{moved}: {pass_state}")
+            f"in the solo run the engine gave positions {position_ranges(off_e)} other bits{moved}: {_PASS_STATE}")
     return "not checked", (f"run alone ({how}), the op gives both inputs equal bits, but neither run's engine bits "
-                           f"(positions {_ranges(compared)}): this re-run is not the op as the engine ran it")
+                           f"(positions {position_ranges(compared)}): this re-run is not the op as the engine ran it")
+
+
+def _differing(x: dict[int, torch.Tensor], y: dict[int, torch.Tensor], positions: list[int]) -> list[int]:
+    """The positions whose rows in `x` and `y` are not bitwise equal (or cannot be compared)."""
+    return [p for p in positions if bitwise_equal(x[p], y[p]) is not True]
+
+
+def _ulps(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """The largest ULP distance among the pairs that have one, as " by up to N ULP" (empty when none has)."""
+    found = [u for x, y in pairs if (u := ulp_distance(x, y)) is not None]
+    return f" by up to {max(found)} ULP" if found else ""

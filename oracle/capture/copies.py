@@ -32,29 +32,52 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
         return t.clone()
 
 
+def block_table(named: dict[str, Any]) -> torch.Tensor | None:
+    """A paged attention call's block table (its first tensor argument named like one), or None."""
+    return next((named[n] for n in BLOCK_TABLE_ARGS if isinstance(named.get(n), torch.Tensor)), None)
+
+
 def _compacted(named: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Replacements for a paged call's block table and caches: only the blocks the table names."""
-    table = next((named[n] for n in BLOCK_TABLE_ARGS if isinstance(named.get(n), torch.Tensor)), None)
-    if table is None or table.dim() != 2 or table.is_floating_point() or not table.numel():
+    table = _integer_table(named)
+    if table is None:
         return {}
-    top = int(table.max().item())
-    # A paged cache is [num_blocks, block_size, H, D] (4 dims or more), indexed by the table along dim 0. A
-    # query or output [T, H, D] is never one, however many tokens the pass holds (T may exceed the top block).
-    paged = {a: t for a, t in named.items() if isinstance(t, torch.Tensor) and t is not table
-             and t.is_floating_point() and t.dim() >= 4 and t.shape[0] > top}
+    paged = _paged_caches(named, table)
     if not paged:
         return {}
     num_blocks = max(t.shape[0] for t in paged.values())
-    caches = {a: t for a, t in paged.items() if t.shape[0] == num_blocks}
     used = torch.unique(table[table >= 0]).long()
+    name = next(n for n in BLOCK_TABLE_ARGS if named.get(n) is table)
+    out = {name: _clone(_renumbered(table, used, num_blocks))}
+    out.update((a, t.index_select(0, used.to(t.device)).contiguous()) for a, t in paged.items()
+               if t.shape[0] == num_blocks)
+    return out
+
+
+def _integer_table(named: dict[str, Any]) -> torch.Tensor | None:
+    """The call's block table when it can name blocks: a non-empty 2-D integer tensor."""
+    table = block_table(named)
+    if table is None or table.dim() != 2 or table.is_floating_point() or not table.numel():
+        return None
+    return table
+
+
+def _paged_caches(named: dict[str, Any], table: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The arguments the table indexes: float, 4 dims or more, more blocks than the table's top entry.
+
+    A paged cache is [num_blocks, block_size, H, D], indexed by the table along dim 0. A query or output
+    [T, H, D] is never one, however many tokens the pass holds (T may exceed the top block).
+    """
+    top = int(table.max().item())
+    return {a: t for a, t in named.items() if isinstance(t, torch.Tensor) and t is not table
+            and t.is_floating_point() and t.dim() >= 4 and t.shape[0] > top}
+
+
+def _renumbered(table: torch.Tensor, used: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """`table` with block `used[i]` renamed `i` (the compacted caches hold the used blocks in order); -1 stays."""
     lut = torch.zeros(num_blocks, dtype=table.dtype, device=table.device)
     lut[used] = torch.arange(used.numel(), dtype=table.dtype, device=table.device)
-    renumbered = torch.where(table >= 0, lut[table.clamp(min=0).long()], table)
-    name = next(n for n in BLOCK_TABLE_ARGS if named.get(n) is table)
-    out = {name: _clone(renumbered)}
-    for a, t in caches.items():
-        out[a] = t.index_select(0, used.to(t.device)).contiguous()
-    return out
+    return torch.where(table >= 0, lut[table.clamp(min=0).long()], table)
 
 
 def clone_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

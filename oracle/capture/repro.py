@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from oracle.capture.copies import named_args
-from oracle.capture.rows import Snapshot
+from oracle.capture.copies import clone_inputs, named_args
+from oracle.capture.handles import recipe_for, suspect_handles
+from oracle.capture.rows import Snapshot, kv_slots
 
 # Python packages that register an op namespace when imported.
 NAMESPACE_IMPORTS = {
@@ -92,9 +93,6 @@ def _custom_op_module(func: Any) -> list[str]:
 
 def _rebuilt_handle(snap: Snapshot) -> tuple[dict[str, torch.Tensor] | None, str]:
     """What the op's opaque handle is rebuilt from (checked: the rebuilt handle gives the op's bits), or why not."""
-    from oracle.capture.confirm import result_tensor
-    from oracle.capture.copies import clone_inputs
-    from oracle.capture.handles import recipe_for
     from oracle.capture.state import OpState, applied
 
     recipe = recipe_for(snap.func)
@@ -104,24 +102,32 @@ def _rebuilt_handle(snap: Snapshot) -> tuple[dict[str, torch.Tensor] | None, str
         with applied(snap.state or OpState.now()), torch.no_grad():
             tensors = recipe.read(named_args(snap.func, snap.args, snap.kwargs))
             handle = recipe.build(tensors)
-            results = []
-            for rebuilt in (False, True):
-                args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
-                named = list(named_args(snap.func, args, kwargs))
-                if rebuilt:
-                    if recipe.arg in kwargs:
-                        kwargs[recipe.arg] = handle
-                    else:
-                        args = tuple(handle if n == recipe.arg else a for n, a in zip(named, args, strict=False))
-                out = snap.func(*args, **kwargs)
-                results.append(result_tensor(snap, args, kwargs, out))
+            kept = _result_with(snap, recipe.arg, None)
+            rebuilt = _result_with(snap, recipe.arg, handle)
     except Exception as err:  # noqa: BLE001 - said in the repro folder, never raised: the repro is optional
         return None, f"its {recipe.arg} (a handle of the engine's process) could not be rebuilt: {type(err).__name__}: {err}"
-    a, b = results
-    if a is None or b is None or not torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
-                                                 b.view(torch.uint8) if b.is_floating_point() else b):
+    if kept is None or rebuilt is None or not torch.equal(_raw(kept), _raw(rebuilt)):
         return None, f"its {recipe.arg}, rebuilt from what it was read back as, does not give the engine's bits"
     return tensors, ""
+
+
+def _result_with(snap: Snapshot, arg: str, handle: torch.Tensor | None) -> torch.Tensor | None:
+    """The op's result on a fresh copy of its inputs, its argument `arg` replaced by `handle` when one is given."""
+    from oracle.capture.confirm import result_tensor
+
+    args, kwargs = clone_inputs(snap.func, snap.args, snap.kwargs)
+    if handle is not None and arg in kwargs:
+        kwargs[arg] = handle
+    elif handle is not None:
+        names = list(named_args(snap.func, args, kwargs))
+        args = tuple(handle if n == arg else a for n, a in zip(names, args, strict=False))
+    out = snap.func(*args, **kwargs)
+    return result_tensor(snap, args, kwargs, out)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor as its bytes, so equality is bitwise; others as they are."""
+    return t.view(torch.uint8) if t.is_floating_point() else t
 
 
 def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, actual: Snapshot,
@@ -132,44 +138,13 @@ def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, act
     When an argument cannot be rebuilt in another process (an opaque handle no recipe covers, an object
     of an unsupported type), op.json says `standalone: false` and why, and repro.py exits 2 saying so.
     """
-    from oracle.capture.handles import recipe_for, suspect_handles
-    from oracle.capture.rows import kv_slots
-
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".repro-", dir=folder.parent))
     sides: dict[str, Any] = {}
     why: list[str] = []
     for side, snap, grid in (("expected", expected, grids[0]), ("actual", actual, grids[1])):
-        tensors: dict[str, torch.Tensor] = {}
-        meta: dict[str, Any] = {}
-        args = [_encode(a, tensors, meta, f"arg{i}") for i, a in enumerate(snap.args)]
-        kwargs = {k: _encode(v, tensors, meta, f"kw.{k}") for k, v in snap.kwargs.items()}
-        recipe = recipe_for(snap.func)
-        if recipe is not None:
-            built, reason = _rebuilt_handle(snap)
-            names = [a.name for a in snap.func._schema.arguments]
-            spec = ({"handle": recipe.recipe, "from": {n: _encode(t, tensors, meta, f"handle.{n}")
-                                                       for n, t in built.items()}}
-                    if built is not None else {"unsupported": f"handle ({reason})"})
-            if recipe.arg in kwargs:
-                kwargs[recipe.arg] = spec
-            elif recipe.arg in names and names.index(recipe.arg) < len(args):
-                args[names.index(recipe.arg)] = spec
-            if reason:
-                why.append(reason)
-        for name in suspect_handles(snap.func, snap.args, snap.kwargs):
-            why.append(f"its argument {name} looks like a handle of the engine's process, which no recipe rebuilds")
-        for path, value in _unsupported(args, kwargs):
-            why.append(f"its argument {path} is a {value}, which the repro cannot rebuild")
-        _write_safetensors(tmp / f"{side}.safetensors", tensors)
-        g = snap.layout.grids[grid]
-        grid_json: dict[str, Any] = {"shape": list(g.shape), "rows": [list(r) for r in g.rows],
-                                     "positions": list(g.positions)}
-        if kind == "kv_write":
-            slots = kv_slots(snap.args, snap.kwargs, g)
-            grid_json["slots"] = [int(x) for x in slots.tolist()] if slots is not None else []
-            grid_json["block_size"] = snap.layout.block_size
-        sides[side] = {"args": args, "kwargs": kwargs, "tensors": meta, "result": snap.result, "grid": grid_json}
+        sides[side], reasons = _write_side(tmp / f"{side}.safetensors", snap, grid, kind)
+        why += reasons
     ns = str(expected.func._schema.name).partition("::")[0]
     state = expected.state.to_json() if expected.state is not None else {"threads": expected.threads}
     why = list(dict.fromkeys(why))
@@ -180,10 +155,67 @@ def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, act
             "localized": localized, **sides}
     (tmp / "op.json").write_text(json.dumps(spec, indent=1) + "\n")
     (tmp / "repro.py").write_text(REPRO_PY)
+    (tmp / "README.md").write_text(_readme(spec, why))
+    if folder.exists():
+        old = folder.with_name(folder.name + ".old")
+        os.replace(folder, old)
+        _remove(old)
+    os.replace(tmp, folder)
+    return folder
+
+
+def _write_side(path: Path, snap: Snapshot, grid: int, kind: str) -> tuple[dict[str, Any], list[str]]:
+    """One call's arguments as op.json holds them, its tensors written to `path`; and why it cannot run
+    standalone, if it cannot."""
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {}
+    args = [_encode(a, tensors, meta, f"arg{i}") for i, a in enumerate(snap.args)]
+    kwargs = {k: _encode(v, tensors, meta, f"kw.{k}") for k, v in snap.kwargs.items()}
+    why = _place_handle(snap, args, kwargs, tensors, meta)
+    why += [f"its argument {name} looks like a handle of the engine's process, which no recipe rebuilds"
+            for name in suspect_handles(snap.func, snap.args, snap.kwargs)]
+    why += [f"its argument {where} is a {value}, which the repro cannot rebuild"
+            for where, value in _unsupported(args, kwargs)]
+    _write_safetensors(path, tensors)
+    return {"args": args, "kwargs": kwargs, "tensors": meta, "result": snap.result,
+            "grid": _grid_json(snap, grid, kind)}, why
+
+
+def _place_handle(snap: Snapshot, args: list[Any], kwargs: dict[str, Any], tensors: dict[str, torch.Tensor],
+                  meta: dict[str, Any]) -> list[str]:
+    """Put the recipe for the op's opaque handle where the handle was among the encoded arguments (or say it
+    is unsupported); why it could not be rebuilt, if it could not."""
+    recipe = recipe_for(snap.func)
+    if recipe is None:
+        return []
+    built, reason = _rebuilt_handle(snap)
+    spec = ({"handle": recipe.recipe, "from": {n: _encode(t, tensors, meta, f"handle.{n}") for n, t in built.items()}}
+            if built is not None else {"unsupported": f"handle ({reason})"})
+    names = [a.name for a in snap.func._schema.arguments]
+    if recipe.arg in kwargs:
+        kwargs[recipe.arg] = spec
+    elif recipe.arg in names and names.index(recipe.arg) < len(args):
+        args[names.index(recipe.arg)] = spec
+    return [reason] if reason else []
+
+
+def _grid_json(snap: Snapshot, grid: int, kind: str) -> dict[str, Any]:
+    """Where the target's rows are in the result: its grid; for a KV-cache write, its own slots of the cache."""
+    g = snap.layout.grids[grid]
+    out: dict[str, Any] = {"shape": list(g.shape), "rows": [list(r) for r in g.rows], "positions": list(g.positions)}
+    if kind == "kv_write":
+        slots = kv_slots(snap.args, snap.kwargs, g)
+        out["slots"] = [int(x) for x in slots.tolist()] if slots is not None else []
+        out["block_size"] = snap.layout.block_size
+    return out
+
+
+def _readme(spec: dict[str, Any], why: list[str]) -> str:
+    localized, state = spec["localized"], spec["state"]
     mode = "oracle_kernels' batch-invariant overrides on" if state.get("oracle_kernels") else "torch's default kernels"
     standalone = ("" if not why else "\n**This op cannot run standalone**: " + "; ".join(why)
                   + ". repro.py says so and exits 2.\n")
-    (tmp / "README.md").write_text(
+    return (
         f"# One-op repro: {spec['op']}\n\n{localized.get('module', '')}, pass {localized.get('forward_pass')}, "
         f"step {localized.get('engine_step')}: the target's rows differ between the solo run (expected) and the "
         f"trial (actual). Confirmation: {localized.get('confirmation')} ({localized.get('confirm_note')}).\n"
@@ -194,12 +226,6 @@ def write_repro(folder: Path, localized: dict[str, Any], expected: Snapshot, act
         "target's rows differ (the difference reproduces); 1: they are bitwise equal; 2: the repro could not run "
         "(the reason on one line).\n\nNeeds torch and the package that registers the op "
         f"({', '.join(spec['imports']) or 'torch only'}).\n")
-    if folder.exists():
-        old = folder.with_name(folder.name + ".old")
-        os.replace(folder, old)
-        _remove(old)
-    os.replace(tmp, folder)
-    return folder
 
 
 def _unsupported(args: list[Any], kwargs: dict[str, Any]) -> list[tuple[str, str]]:

@@ -28,16 +28,16 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from oracle.capture.copies import BLOCK_TABLE_ARGS, clone_inputs, named_args
+from oracle.capture.copies import block_table, clone_inputs, named_args
 from oracle.capture.state import OpState
-from oracle.engines.contract import Completion
+from oracle.engines.contract import Completion, Grid, PassLayout
 
 # (module path, op label, occurrence of that op in that module within its pass)
 OpKey = tuple[str, str, int]
@@ -49,37 +49,6 @@ ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted"
 FRESH_MAKERS = ALLOCATORS - {"resize_", "resize_as_"}
 # In-place ops that overwrite `self` without reading it.
 OVERWRITERS = frozenset({"copy_", "fill_", "zero_", "index_copy_"})
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A token layout of a pass and where the target's tokens sit in it.
-
-    `shape` is `(T,)` for a flattened layout (rows along dim 0) or `(B, S)` for a batch of
-    sequences; `rows[i]` indexes into it (a 1- or 2-tuple) and holds token `positions[i]`.
-    """
-
-    shape: tuple[int, ...]
-    rows: tuple[tuple[int, ...], ...]
-    positions: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PassLayout:
-    """One forward pass as the capture sees it.
-
-    `grids` are tried in order (the first that fits a tensor's shape wins); `seq_index` is the
-    target's sequence among the pass's (its block-table row), `kv_len` the number of positions it
-    attends to, `block_size` the KV cache's, when the engine knows them (for `kv_read`).
-    """
-
-    forward_pass: int
-    engine_step: int | None
-    grids: tuple[Grid, ...]
-    evidence: dict[str, Any]
-    seq_index: int | None = None
-    kv_len: int | None = None
-    block_size: int | None = None
 
 
 @dataclass
@@ -146,18 +115,26 @@ def select_rows(t: torch.Tensor, grid: Grid) -> torch.Tensor | None:
     """The target's rows of `t` as [n, ...], or None when `t` is not laid out on `grid`."""
     if t.dim() == 0 or not grid.rows:
         return None
-    if len(grid.shape) == 1:
-        if t.shape[0] != grid.shape[0]:
-            return None
-        first, last = grid.rows[0][0], grid.rows[-1][0]
-        if last - first == len(grid.rows) - 1:  # a sequence's tokens are contiguous in the flattened layout
-            return t.narrow(0, first, len(grid.rows))
-        return t.index_select(0, torch.tensor([r[0] for r in grid.rows], device=t.device))
+    return _flat_rows(t, grid) if len(grid.shape) == 1 else _batch_rows(t, grid)
+
+
+def _flat_rows(t: torch.Tensor, grid: Grid) -> torch.Tensor | None:
+    """A `(T,)` grid: rows along dim 0."""
+    if t.shape[0] != grid.shape[0]:
+        return None
+    first, last = grid.rows[0][0], grid.rows[-1][0]
+    if last - first == len(grid.rows) - 1:  # a sequence's tokens are contiguous in the flattened layout
+        return t.narrow(0, first, len(grid.rows))
+    return t.index_select(0, torch.tensor([r[0] for r in grid.rows], device=t.device))
+
+
+def _batch_rows(t: torch.Tensor, grid: Grid) -> torch.Tensor | None:
+    """A `(B, S)` grid: sequences along dim 0, tokens along dim 1, or dim 2 inside attention (`[B, H, S, ...]`)."""
     b_size, s_size = grid.shape
     if t.dim() < 2 or t.shape[0] != b_size:
         return None
     on_dim1 = t.shape[1] == s_size
-    on_dim2 = t.dim() >= 4 and t.shape[2] == s_size  # [B, H, S, ...] inside attention
+    on_dim2 = t.dim() >= 4 and t.shape[2] == s_size
     if on_dim1 == on_dim2:  # neither, or ambiguous (H == S)
         return None
     dim = 1 if on_dim1 else 2
@@ -277,14 +254,17 @@ class RowCapture(TorchDispatchMode):
         for g, grid in enumerate(self._layout.grids):
             rows = select_rows(t, grid)
             if rows is not None:
-                self._add(OpCall(len(self.calls), self._layout.forward_pass, key, grid.positions,
-                                 rows.detach().to("cpu", copy=True), tuple(t.shape), inputs, kind,
-                                 len(self._within), self._within[-1] if self._within else "", g))
+                self._add(key, grid.positions, rows, tuple(t.shape), inputs, kind, g)
                 self._producer[t] = key
                 return True
         return False
 
-    def _add(self, call: OpCall) -> None:
+    def _add(self, key: OpKey, positions: tuple[int, ...], rows: torch.Tensor, shape: tuple[int, ...],
+             inputs: tuple[OpKey, ...], kind: str, grid: int = 0) -> None:
+        """One captured result of the current pass: `rows` (the target's, `[n, ...]`) copied to the CPU."""
+        assert self._layout is not None
+        call = OpCall(len(self.calls), self._layout.forward_pass, key, positions, rows.detach().to("cpu", copy=True),
+                      shape, inputs, kind, len(self._within), self._within[-1] if self._within else "", grid)
         self.calls.append(call)
         self._last_call[call.key] = call
         for keys in self._inner:
@@ -298,118 +278,139 @@ class RowCapture(TorchDispatchMode):
         `_Bypass` proxy (the op cannot pass through Python dispatch), so run it with the modes off."""
         layout = self._layout
         if layout is None:
-            return _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
-        module = self.module_path()
-        name = str(func)
-        occurrence = self._count(module, name)
+            return _call(func, args, kwargs, bypassed)
+        module, name = self.module_path(), str(func)
+        key: OpKey = (module, name, self._count(module, name))
         flat_in, _ = tree_flatten((args, kwargs))
         written = written_args(func, args, kwargs)
-        pure_out = {id(t) for a, t in written if not reads_written(func, a)}
-        producers = tuple(dict.fromkeys(
-            p for t in flat_in
-            if isinstance(t, torch.Tensor) and id(t) not in pure_out and (p := self._producer.get(t)) is not None))
+        producers = self._producers_of(func, flat_in, written)
         if self.snapshot_at is not None and self.snapshot is None and _same_call(
-                self.snapshot_at, (layout.forward_pass, (module, name, occurrence))):
+                self.snapshot_at, (layout.forward_pass, key)):
             self._take_snapshot(func, args, kwargs, self.snapshot_at[1][1])
         if producers:
-            self._record_kv_reads((module, name, occurrence), func, args, kwargs, producers)
-        entered = not bypassed and func.namespace in self.enter and not func._schema.returns \
-            and any(isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") for t in flat_in)
-        if entered:  # a wrapper that writes its outputs: capture the ops it calls, one level deeper
-            self._within.append(name)
-            self._inner.append([])
-            try:
-                # Below the Python key (or the op would come back here), with this mode active for what it calls.
-                keys = _keys_below_python(flat_in)
-                with self:
-                    out = func.redispatch(keys, *args, **kwargs)
-            finally:
-                self._within.pop()
-                inner = self._inner.pop()
-            # What the wrapper wrote came from the ops inside it.
-            producers = tuple(dict.fromkeys((*producers, *inner)))
+            self._record_kv_reads(key, func, args, kwargs, producers)
+        if not bypassed and self._enters(func, flat_in):
+            out, inner = self._call_entered(func, args, kwargs, flat_in)
+            producers = tuple(dict.fromkeys((*producers, *inner)))  # what the wrapper wrote came from the ops inside it
         else:
-            out = _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
+            out = _call(func, args, kwargs, bypassed)
+        self._after(key, func, args, kwargs, out, written, producers)
+        return out
+
+    def _producers_of(self, func: Any, flat_in: Sequence[Any], written: list[tuple[str, torch.Tensor]]
+                      ) -> tuple[OpKey, ...]:
+        """What made the tracked tensors the op reads (an argument it only writes is not read), in order."""
+        pure_out = {id(t) for a, t in written if not reads_written(func, a)}
+        read = (t for t in flat_in if isinstance(t, torch.Tensor) and id(t) not in pure_out)
+        return tuple(dict.fromkeys(p for t in read if (p := self._producer.get(t)) is not None))
+
+    def _enters(self, func: Any, flat_in: Sequence[Any]) -> bool:
+        """A wrapper of an `enter` namespace that returns nothing (it writes its outputs), on CPU or CUDA tensors."""
+        return func.namespace in self.enter and not func._schema.returns and any(
+            isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") for t in flat_in)
+
+    def _call_entered(self, func: Any, args: Any, kwargs: dict[str, Any], flat_in: Sequence[Any]
+                      ) -> tuple[Any, list[OpKey]]:
+        """Run a wrapper with the ops it calls captured, one level deeper: its result, and the keys recorded inside."""
+        self._within.append(str(func))
+        self._inner.append([])
+        try:
+            # Below the Python key (or the op would come back here), with this mode active for what it calls.
+            keys = _keys_below_python(flat_in)
+            with self:
+                out = func.redispatch(keys, *args, **kwargs)
+        finally:
+            self._within.pop()
+            inner = self._inner.pop()
+        return out, inner
+
+    def _after(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
+               written: list[tuple[str, torch.Tensor]], producers: tuple[OpKey, ...]) -> None:
+        """What the op's results hold: no value (an allocation), the same values (a view), or new rows to record."""
         base_name = op_base_name(func)
         if base_name in ALLOCATORS:
-            for t in tree_flatten(out)[0] if base_name in FRESH_MAKERS else ():
-                if isinstance(t, torch.Tensor):
-                    self._fresh[t] = True
-            return out  # storage without a value came out
+            for t in _tensors(out) if base_name in FRESH_MAKERS else ():
+                self._fresh[t] = True  # storage without a value came out
+            return
         for _, t in written:  # it holds a value now
             self._fresh.pop(t, None)
             if isinstance(t._base, torch.Tensor):
                 self._fresh.pop(t._base, None)
         if not producers:
-            return out  # nothing of the target's went in
+            return  # nothing of the target's went in
         if getattr(func, "is_view", False) and len(producers) == 1:
             # A view holds the same values as its base: pass the base's identity on (to each of a split's parts),
             # row-aligned or not: in a one-token pass `cache.view(-1, H, D)[slots] = k` writes `k.view(H, D)`, whose
             # rows are not the pass's tokens, and the KV write it feeds must still know where its values came from.
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self._producer[t] = producers[0]
-            return out
-        self._record_results(module, name, occurrence, func, args, kwargs, out, written, producers)
-        return out
+            for t in _tensors(out):
+                self._producer[t] = producers[0]
+            return
+        self._record_results(key, func, args, kwargs, out, written, producers)
 
-    def _record_results(self, module: str, name: str, occurrence: int, func: Any, args: Any,
-                        kwargs: dict[str, Any], out: Any, written: list[tuple[str, torch.Tensor]],
-                        producers: tuple[OpKey, ...]) -> None:
-        assert self._layout is not None
-        written_ids = {id(t) for _, t in written}
+    def _record_results(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
+                        written: list[tuple[str, torch.Tensor]], producers: tuple[OpKey, ...]) -> None:
+        """Every argument the op wrote, then every tensor it returned (labelled `name[arg]`, `name[j]` when several)."""
+        module, name, occurrence = key
         for arg, t in written:
-            key: OpKey = (module, name if len(written) == 1 else f"{name}[{arg}]", occurrence)
-            before = self._producer.get(t)
-            target = t if fits(t, self._layout) else _row_base(t, self._layout)
-            if target is not None:
-                if self._record(key, target, producers, "write") and before is not None \
-                        and not reads_written(func, arg) and target is t:
-                    old = self._last_call.get(before)
-                    if old is not None and old.overwritten_by is None:
-                        old.overwritten_by = key
-                base = t._base
-                if target is t and isinstance(base, torch.Tensor) and fits(base, self._layout):
-                    self._producer[base] = key  # a slice of a fresh buffer written whole: the buffer now holds it
-            else:
-                self._record_kv_write(key, func, args, kwargs, t, producers)
-        returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and id(t) not in written_ids]
+            label = name if len(written) == 1 else f"{name}[{arg}]"
+            self._record_write((module, label, occurrence), func, arg, t, args, kwargs, producers)
+        written_ids = {id(t) for _, t in written}
+        returned = [t for t in _tensors(out) if id(t) not in written_ids]
         for j, t in enumerate(returned):
             self._record((module, name if len(returned) == 1 else f"{name}[{j}]", occurrence), t, producers, "out")
 
-    def _record_kv_write(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any], cache: torch.Tensor,
+    def _record_write(self, key: OpKey, func: Any, arg: str, t: torch.Tensor, args: Any, kwargs: dict[str, Any],
+                      producers: tuple[OpKey, ...]) -> None:
+        """A written argument: its rows, or its row-aligned base's when it is a slice; else a KV-cache write."""
+        assert self._layout is not None
+        before = self._producer.get(t)
+        target = t if fits(t, self._layout) else _row_base(t, self._layout)
+        if target is None:
+            self._record_kv_write(key, args, kwargs, t, producers)
+            return
+        recorded = self._record(key, target, producers, "write")
+        if target is not t:
+            return
+        if recorded and before is not None and not reads_written(func, arg):
+            self._overwrite(before, key)
+        base = t._base
+        if isinstance(base, torch.Tensor) and fits(base, self._layout):
+            self._producer[base] = key  # a slice of a fresh buffer written whole: the buffer now holds it
+
+    def _overwrite(self, before: OpKey, key: OpKey) -> None:
+        """`key` replaced the result `before` made wholesale: unless already replaced, nothing read it since."""
+        old = self._last_call.get(before)
+        if old is not None and old.overwritten_by is None:
+            old.overwritten_by = key
+
+    def _record_kv_write(self, key: OpKey, args: Any, kwargs: dict[str, Any], cache: torch.Tensor,
                          producers: tuple[OpKey, ...]) -> None:
         """Rows the op wrote into a cache at the target's slots (a row-aligned integer index argument)."""
         assert self._layout is not None
         grid = self._layout.grids[0]
         rows = kv_rows(cache, args, kwargs, grid, self._layout.block_size)
-        if rows is None:
-            return
-        self._add(OpCall(len(self.calls), self._layout.forward_pass, key, grid.positions,
-                         rows.detach().to("cpu", copy=True), tuple(cache.shape), producers, "kv_write",
-                         len(self._within), self._within[-1] if self._within else "", 0))
+        if rows is not None:
+            self._add(key, grid.positions, rows, tuple(cache.shape), producers, "kv_write")
 
     def _record_kv_reads(self, key: OpKey, func: Any, args: Any, kwargs: dict[str, Any],
                          producers: tuple[OpKey, ...]) -> None:
         """The target's cached positions [0, kv_len) as an attention op is about to read them."""
         layout = self._layout
         assert layout is not None
-        if layout.seq_index is None or layout.kv_len is None or not layout.block_size:
+        place = _kv_place(layout)
+        if place is None:
             return
+        seq, n, bs = place
         named = named_args(func, args, kwargs)
-        table = next((named[n] for n in BLOCK_TABLE_ARGS if isinstance(named.get(n), torch.Tensor)), None)
-        if table is None or table.dim() != 2 or layout.seq_index >= table.shape[0]:
+        table = block_table(named)
+        if table is None or table.dim() != 2 or seq >= table.shape[0]:
             return
-        bs, n = layout.block_size, layout.kv_len
-        blocks = table[layout.seq_index, : -(-n // bs)].long()
+        blocks = table[seq, : -(-n // bs)].long()
         for arg, t in named.items():
-            if (not isinstance(t, torch.Tensor) or t is table or not t.is_floating_point() or t.dim() != 4
-                    or t.shape[1] != bs or fits(t, layout)):
-                continue
-            rows = t.index_select(0, blocks.to(t.device)).flatten(0, 1)[:n]  # [kv_len, Hkv, D]
-            self._add(OpCall(len(self.calls), layout.forward_pass, (key[0], f"{key[1]}<kv:{arg}>", key[2]),
-                             tuple(range(n)), rows.detach().to("cpu", copy=True), tuple(t.shape), producers,
-                             "kv_read", len(self._within), self._within[-1] if self._within else "", 0))
+            if _is_paged_cache(t, table, bs) and not fits(t, layout):
+                rows = t.index_select(0, blocks.to(t.device)).flatten(0, 1)[:n]  # [kv_len, Hkv, D]
+                self._add((key[0], f"{key[1]}<kv:{arg}>", key[2]), tuple(range(n)), rows, tuple(t.shape), producers,
+                          "kv_read")
 
     def _take_snapshot(self, func: Any, args: Any, kwargs: dict[str, Any], label: str) -> None:
         assert self._layout is not None
@@ -449,6 +450,28 @@ class _Bypass:
         return self._capture._observe(self._packet.default, args, kwargs, bypassed=True)
 
 
+def _call(func: Any, args: Any, kwargs: dict[str, Any], bypassed: bool) -> Any:
+    """The op itself: through dispatch, or with the modes off when it came from a `_Bypass` proxy."""
+    return _call_plain(func, args, kwargs) if bypassed else func(*args, **kwargs)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors in an op's result (a tensor, or a nest of them)."""
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _kv_place(layout: PassLayout) -> tuple[int, int, int] | None:
+    """(seq_index, kv_len, block_size): where the target's KV sits in a paged cache, when the engine said."""
+    seq, n, bs = layout.seq_index, layout.kv_len, layout.block_size
+    return (seq, n, bs) if seq is not None and n is not None and bs else None
+
+
+def _is_paged_cache(t: Any, table: torch.Tensor, block_size: int) -> TypeGuard[torch.Tensor]:
+    """A float `[num_blocks, block_size, H, D]` argument beside the block table: a paged KV cache."""
+    return (isinstance(t, torch.Tensor) and t is not table and t.is_floating_point() and t.dim() == 4
+            and t.shape[1] == block_size)
+
+
 def _call_plain(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """Call an op with every Python dispatch mode off (they are restored after)."""
     from torch.utils._python_dispatch import _disable_current_modes
@@ -474,13 +497,17 @@ def kv_slots(args: Any, kwargs: dict[str, Any], grid: Grid) -> torch.Tensor | No
     """The target's cache slots in a KV write: its rows of the call's row-aligned integer index argument."""
     if len(grid.shape) != 1:
         return None
-    slots = next((t for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point()
-                  and t.dtype != torch.bool and t.shape[0] == grid.shape[0]), None)
+    slots = next((t for t in tree_flatten((args, kwargs))[0] if _is_index(t, grid.shape[0])), None)
     if slots is None:
         return None
     mine = select_rows(slots, grid)
     return mine if mine is not None and mine.numel() else None
+
+
+def _is_index(t: Any, length: int) -> TypeGuard[torch.Tensor]:
+    """A 1-D integer tensor of `length` entries (not a mask)."""
+    return (isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point() and t.dtype != torch.bool
+            and t.shape[0] == length)
 
 
 def kv_rows(cache: torch.Tensor, args: Any, kwargs: dict[str, Any], grid: Grid,

@@ -24,96 +24,18 @@ root that matters, the answer is `inconclusive` with the narrowest bound, never 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from oracle.capture.rows import Captured, OpCall, OpKey
 from oracle.compare import first_divergence
+from oracle.engines.contract import LocalizedOp, position_ranges
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 STATUSES = ("localized", "kv_state", "after_capture", "inconclusive")
-
-
-@dataclass(frozen=True)
-class LocalizedOp:
-    """Where a target's bits first moved, inside the model.
-
-    `status`: `localized` (an op, named by `module` and `op`), `kv_state` (the KV cache it read
-    differed), `after_capture` (every captured op agreed; `op` is the last one that did) or
-    `inconclusive` (`module` is the narrowest bound, `note` says why). `positions`: the target's
-    token positions whose rows differ; `shape`: the result's full shape in the failing run; `ulp`:
-    the largest distance between differing elements on the ordered integer line of their bit
-    patterns; `inputs_equal`: whether every row-aligned input was bitwise equal; `within`: the
-    custom op the named op ran inside; `op_class`: attention, matmul, norm, sampling,
-    communication, kv-cache write or other; `confirmation`: `confirmed` (run alone on each run's
-    captured inputs, the op reproduces the difference), `not reproduced alone`, or `not checked`
-    (`confirm_note` says why); `depends_on`: launch quantities that differed between the two calls
-    ({name: [expected, actual]}); `repro`: the folder of the standalone repro, when written.
-    """
-
-    module: str
-    op: str
-    layer: int | None
-    forward_pass: int
-    engine_step: int | None
-    positions: tuple[int, ...]
-    shape: tuple[int, ...]
-    ulp: int | None
-    max_abs_diff: float | None
-    inputs_equal: bool | None
-    pass_evidence: dict[str, Any] = field(default_factory=dict)
-    eager: bool | None = None
-    still_diverged: bool = True
-    note: str = ""
-    status: str = "localized"
-    kind: str = "out"
-    within: str = ""
-    op_class: str = "other"
-    confirmation: str = "not checked"
-    confirm_note: str = ""
-    depends_on: dict[str, Any] = field(default_factory=dict)
-    repro: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["positions"] = list(self.positions)
-        d["shape"] = list(self.shape)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LocalizedOp:
-        return cls(**{**d, "positions": tuple(d["positions"]), "shape": tuple(d["shape"])})
-
-    def describe(self) -> str:
-        """One line for the console, junit and a pytest failure message."""
-        layer = f" (layer {self.layer})" if self.layer is not None else ""
-        where = f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")
-        size = f"{self.ulp} ULP" if self.ulp is not None else "differs"
-        if self.max_abs_diff is not None:
-            size += f", max abs {self.max_abs_diff:.3g}"
-        inputs = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}[self.inputs_equal]
-        ev = self.pass_evidence
-        shared = ", ".join(f"{k} {ev[k]}" for k in ("num_seqs", "num_tokens", "num_prefill_tokens",
-                                                     "num_decode_tokens") if k in ev)
-        kind = ("prefill" if ev.get("target_is_prefill") else "decode") if "target_is_prefill" in ev else ""
-        op = self.op + (f" inside {self.within}" if self.within else "")
-        head = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
-                "inconclusive": "inconclusive, within "}.get(self.status, "")
-        line = (f"{head}{self.module or '<model>'} {op}{layer} at {where}, positions {_ranges(self.positions)}, "
-                f"shape {list(self.shape)}: {size}, {inputs}; pass: {', '.join(x for x in (kind, shared) if x)}")
-        if self.status == "localized":
-            line += f"; {self.op_class}; {self.confirmation}"
-            if self.depends_on:
-                line += " (" + ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items()) + ")"
-        if self.eager:
-            line += "; rerun eager" + ("" if self.still_diverged else " (no longer diverged)")
-        elif not self.still_diverged:
-            line += "; the rerun's outputs did not diverge"
-        return line + (f"; {self.note}" if self.note else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +86,11 @@ class _Change:
     positions: list[int]
     pairs: list[tuple[torch.Tensor, torch.Tensor]]
 
+    def only(self, keep: Collection[int]) -> _Change:
+        """This change at the positions in `keep` alone."""
+        pairs = [pair for p, pair in zip(self.positions, self.pairs, strict=True) if p in keep]
+        return _Change(self.call, [p for p in self.positions if p in keep], pairs)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -181,6 +108,10 @@ class _Runs:
         self.actual_at = actual.rows_at()
         self.passes = {p.forward_pass: p for p in actual.passes}
         self.incomparable = 0
+
+    def changes(self) -> dict[int, _Change]:
+        """Every result of the actual run whose rows differ from the expected run's, by call index."""
+        return {call.index: ch for call in self.actual.calls if (ch := self.change(call)) is not None}
 
     def change(self, call: OpCall) -> _Change | None:
         differing: list[int] = []
@@ -261,47 +192,56 @@ def localize_captured(expected: Captured, actual: Captured, *, eager: bool | Non
     """Apply the rule to two captured runs of the same target (expected: alone; actual: the trial)."""
     runs = _Runs(expected, actual)
     still = first_divergence(expected.completion, actual.completion) is not None
-    changed: dict[int, _Change] = {}
-    for call in actual.calls:
-        ch = runs.change(call)
-        if ch is not None:
-            changed[call.index] = ch
+    changed = runs.changes()
     consumers = _consumers(actual.calls)
     sinks = _sinks(actual.calls, consumers)
     skipped: list[str] = []
     for index in sorted(changed):
         ch = changed[index]
-        call = ch.call
-        if call.kind == "kv_read":
-            own = set(runs.passes[call.forward_pass].grids[0].positions)
-            older = [p for p in ch.positions if p not in own]
-            if older:  # cached positions the target did not compute in this pass
-                return Finding(_kv_state(runs, _Change(call, older, [pr for p, pr in zip(ch.positions, ch.pairs,
-                                                                                         strict=True) if p in older]),
-                                         eager, still))
+        if ch.call.kind == "kv_read":
+            older = _cached_elsewhere(runs, ch)
+            if older is not None:
+                return Finding(_kv_state(runs, older, eager, still))
             continue  # this pass's own writes: an effect of an earlier change
-        equal = runs.inputs_equal(call, ch.positions)
+        equal = runs.inputs_equal(ch.call, ch.positions)
         if equal is False:
             continue  # an effect of an earlier change
-        if not _reaches(call, changed, consumers, sinks):
-            why = "overwritten before it was read" if call.overwritten_by else "not read on the way to the output"
-            skipped.append(f"{call.key[0] or '<model>'} {call.key[1]} (pass {call.forward_pass}) changed but was {why}")
+        if not _reaches(ch.call, changed, consumers, sinks):
+            skipped.append(_unread(ch.call))
             continue
-        op = _located(runs, ch, equal, eager, still, "localized", "")
-        op = _with_note(op, skipped)
-        exp_call = next((runs.expected_at[(call.key, p)][0] for p in ch.positions
-                         if (call.key, p) in runs.expected_at), None)
-        return Finding(op, call, exp_call)
+        return _named(runs, ch, equal, eager, still, skipped)
     if changed and still:
-        first = changed[min(changed)]
-        bound = _located(runs, first, runs.inputs_equal(first.call, first.positions), eager, still, "inconclusive",
-                         "results changed, but none that read equal inputs and reached the output: "
-                         + "; ".join(skipped[:3]) if skipped else
-                         "every changed result read a changed input that was not captured")
-        return Finding(bound)
-    if still:
-        return Finding(_after_capture(runs, eager, target_prompt_len))
-    return Finding(None)
+        return Finding(_bound(runs, changed[min(changed)], skipped, eager, still))
+    return Finding(_after_capture(runs, eager, target_prompt_len) if still else None)
+
+
+def _cached_elsewhere(runs: _Runs, ch: _Change) -> _Change | None:
+    """A KV read's change at cached positions the target did not compute in this pass, or None."""
+    own = set(runs.passes[ch.call.forward_pass].grids[0].positions)
+    older = ch.only({p for p in ch.positions if p not in own})
+    return older if older.positions else None
+
+
+def _unread(call: OpCall) -> str:
+    """Why a changed result is not a cause: what became of it."""
+    why = "overwritten before it was read" if call.overwritten_by else "not read on the way to the output"
+    return f"{call.key[0] or '<model>'} {call.key[1]} (pass {call.forward_pass}) changed but was {why}"
+
+
+def _named(runs: _Runs, ch: _Change, equal: bool | None, eager: bool | None, still: bool,
+           skipped: list[str]) -> Finding:
+    """The named op, the earlier changes that did not count in its note, and its call in the expected run."""
+    op = _with_note(_located(runs, ch, equal, eager, still, "localized", ""), skipped)
+    key = ch.call.key
+    expected_call = next((runs.expected_at[(key, p)][0] for p in ch.positions if (key, p) in runs.expected_at), None)
+    return Finding(op, ch.call, expected_call)
+
+
+def _bound(runs: _Runs, first: _Change, skipped: list[str], eager: bool | None, still: bool) -> LocalizedOp:
+    """Results changed, but none is a root that reaches the output: the first of them, as the narrowest bound."""
+    why = ("results changed, but none that read equal inputs and reached the output: " + "; ".join(skipped[:3])
+           if skipped else "every changed result read a changed input that was not captured")
+    return _located(runs, first, runs.inputs_equal(first.call, first.positions), eager, still, "inconclusive", why)
 
 
 _CLASSES = (
@@ -329,27 +269,28 @@ def _located(runs: _Runs, ch: _Change, equal: bool | None, eager: bool | None, s
     call = ch.call
     layout = runs.passes[call.forward_pass]
     module, op, _ = call.key
-    match = _LAYER.search(module)
-    ulps = [u for a, b in ch.pairs if (u := ulp_distance(a, b)) is not None]
-    diffs = [d for a, b in ch.pairs if (d := max_abs(a, b)) is not None]
-    notes = [note] if note else []
-    if runs.incomparable:
-        notes.append(f"{runs.incomparable} rows could not be compared (shapes differ)")
+    layer = _layer(module)
+    incomparable = f"{runs.incomparable} rows could not be compared (shapes differ)" if runs.incomparable else ""
     return LocalizedOp(
-        module=module, op=op, layer=int(match.group(1)) if match else None,
+        module=module, op=op, layer=int(layer) if layer is not None else None,
         forward_pass=call.forward_pass, engine_step=layout.engine_step, positions=tuple(ch.positions),
-        shape=call.shape, ulp=max(ulps) if ulps else None, max_abs_diff=max(diffs) if diffs else None,
+        shape=call.shape, ulp=max((u for a, b in ch.pairs if (u := ulp_distance(a, b)) is not None), default=None),
+        max_abs_diff=max((d for a, b in ch.pairs if (d := max_abs(a, b)) is not None), default=None),
         inputs_equal=equal, pass_evidence=dict(layout.evidence), eager=eager, still_diverged=still,
-        note="; ".join(notes), status=status, kind=call.kind, within=call.within,
+        note="; ".join(x for x in (note, incomparable) if x), status=status, kind=call.kind, within=call.within,
         op_class="kv-cache write" if call.kind == "kv_write" else op_class(module, op + " " + call.within),
     )
+
+
+def _layer(module: str) -> str | None:
+    """The decoder layer a module path lies in (`model.layers.3.mlp` -> "3"), or None."""
+    match = _LAYER.search(module)
+    return match.group(1) if match else None
 
 
 def _with_note(op: LocalizedOp, skipped: list[str]) -> LocalizedOp:
     if not skipped:
         return op
-    from dataclasses import replace
-
     extra = f"earlier changes that did not reach the output: {'; '.join(skipped[:3])}"
     return replace(op, note="; ".join(x for x in (op.note, extra) if x))
 
@@ -358,30 +299,44 @@ def _kv_state(runs: _Runs, ch: _Change, eager: bool | None, still: bool) -> Loca
     """The KV cache differed as an op was about to read it: `kv_state` when the differing positions are ones the
     target never computed in this run (another request's pass wrote them: a prefix-cache hit); else the target
     wrote them itself, and the capture either saw those writes agree or did not see them: `inconclusive`."""
-    call = ch.call
-    computed = {p for lay in runs.actual.passes if lay.forward_pass < call.forward_pass and lay.grids
-                for p in lay.grids[0].positions}
-    inherited = [p for p in ch.positions if p not in computed]
-    if inherited:
-        inherited_ch = _Change(call, inherited, [pr for p, pr in zip(ch.positions, ch.pairs, strict=True)
-                                                 if p in inherited])
-        note = (f"positions {_ranges(inherited)} were not computed by the target in this run (another request's "
-                "pass wrote them: a prefix-cache hit) and differ from what its solo run wrote")
-        return _located(runs, inherited_ch, None, eager, still, "kv_state", note)
-    layer = _LAYER.search(call.key[0])
-    written = {p for c in runs.actual.calls if c.kind == "kv_write" and c.forward_pass < call.forward_pass + 1
-               and (m := _LAYER.search(c.key[0])) and layer and m.group(1) == layer.group(1) for p in c.positions}
-    seen = [p for p in ch.positions if p in written]
-    unseen = [p for p in ch.positions if p not in written]
+    computed = _computed_before(runs, ch.call.forward_pass)
+    inherited = ch.only({p for p in ch.positions if p not in computed})
+    if inherited.positions:
+        note = (f"positions {position_ranges(inherited.positions)} were not computed by the target in this run "
+                "(another request's pass wrote them: a prefix-cache hit) and differ from what its solo run wrote")
+        return _located(runs, inherited, None, eager, still, "kv_state", note)
+    written = _written_by_then(runs, ch.call)
+    return _located(runs, ch, None, eager, still, "inconclusive", "the KV cache differed as it was read; "
+                    + _own_writes(ch.positions, written))
+
+
+def _computed_before(runs: _Runs, forward_pass: int) -> set[int]:
+    """The positions the target computed in the passes before `forward_pass`."""
+    return {p for lay in runs.actual.passes if lay.forward_pass < forward_pass and lay.grids
+            for p in lay.grids[0].positions}
+
+
+def _written_by_then(runs: _Runs, call: OpCall) -> set[int]:
+    """The positions captured KV writes put into the cache of `call`'s layer, in its pass or before."""
+    layer = _layer(call.key[0])
+    if layer is None:
+        return set()
+    return {p for c in runs.actual.calls if c.kind == "kv_write" and c.forward_pass <= call.forward_pass
+            and _layer(c.key[0]) == layer for p in c.positions}
+
+
+def _own_writes(positions: Sequence[int], written: set[int]) -> str:
+    """Positions the target wrote itself differ as read: whether the capture saw those writes (agreeing) or not."""
+    seen = [p for p in positions if p in written]
+    unseen = [p for p in positions if p not in written]
     parts = []
     if seen:
-        parts.append(f"the target wrote positions {_ranges(seen)} itself, and the captured writes agreed: the cache "
-                     "changed between write and read where the capture could not see")
+        parts.append(f"the target wrote positions {position_ranges(seen)} itself, and the captured writes agreed: "
+                     "the cache changed between write and read where the capture could not see")
     if unseen:
-        parts.append(f"the target computed positions {_ranges(unseen)} in an earlier pass, but no write of them into "
-                     "this cache was captured: the op that wrote them is not known")
-    return _located(runs, ch, None, eager, still, "inconclusive", "the KV cache differed as it was read; "
-                    + "; ".join(parts))
+        parts.append(f"the target computed positions {position_ranges(unseen)} in an earlier pass, but no write of "
+                     "them into this cache was captured: the op that wrote them is not known")
+    return "; ".join(parts)
 
 
 def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> LocalizedOp:
@@ -389,12 +344,7 @@ def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> L
     differing step (the pass that computed its position: for a logits change, that pass's lm_head)."""
     d = first_divergence(runs.expected.completion, runs.actual.completion)
     pos = (prompt_len + d.step - 1) if (d is not None and prompt_len is not None) else None
-    made = next((lay.forward_pass for lay in runs.actual.passes
-                 if pos is not None and any(pos in g.positions for g in lay.grids)), None)
-    calls = [c for c in runs.actual.calls if c.kind in ("out", "write")
-             and (made is None or c.forward_pass == made) and (pos is None or pos in c.positions)]
-    calls = calls or list(runs.actual.calls)
-    last = calls[-1] if calls else None
+    last = _last_result(runs, pos)
     if last is None:
         return LocalizedOp("", "", None, 0, None, (), (), None, None, None, eager=eager, still_diverged=True,
                            status="after_capture", note="no op of the target was captured")
@@ -405,17 +355,20 @@ def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> L
                     "the last captured op (sampling, a logits processor, post-processing)")
 
 
-def _ranges(positions: Sequence[int]) -> str:
-    """[3, 4, 5, 9] -> "3-5, 9"."""
-    parts: list[str] = []
-    run_start = prev = None
-    for p in positions:
-        if prev is not None and p == prev + 1:
-            prev = p
-            continue
-        if run_start is not None:
-            parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
-        run_start = prev = p
-    if run_start is not None:
-        parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
-    return ", ".join(parts) or "-"
+def _last_result(runs: _Runs, pos: int | None) -> OpCall | None:
+    """The last result (returned or written) of the pass that computed position `pos`, holding it (of any pass,
+    at any position, when `pos` is unknown); with none, the last captured call of any kind."""
+    made = _pass_computing(runs, pos) if pos is not None else None
+    calls = [c for c in runs.actual.calls if _holds(c, made, pos)] or list(runs.actual.calls)
+    return calls[-1] if calls else None
+
+
+def _pass_computing(runs: _Runs, pos: int) -> int | None:
+    """The first pass of the actual run whose grids hold position `pos`, or None."""
+    return next((lay.forward_pass for lay in runs.actual.passes if any(pos in g.positions for g in lay.grids)), None)
+
+
+def _holds(call: OpCall, forward_pass: int | None, pos: int | None) -> bool:
+    """A result (returned or written) of `forward_pass` that holds `pos` (None: any pass, any position)."""
+    return call.kind in ("out", "write") and (forward_pass is None or call.forward_pass == forward_pass) \
+        and (pos is None or pos in call.positions)

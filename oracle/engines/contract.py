@@ -8,6 +8,9 @@ the evidence of what shared its forward passes.
 an optional capability, declared by implementing its protocol below (`StopsAtEos`,
 `ResetsPrefixCache`, `Capturable`, `LocalizesInWorker`, `LaysOutPasses`, `DeclaresOpPackages`,
 `TimesForwardPasses`); an engine class may also say `needs_weights = False` (`class_needs_weights`).
+The types the capture capabilities pass are declared here too, so that the contract imports nothing
+of oracle: `PassRecorder` (what `oracle.capture.rows.RowCapture` offers an engine's capture),
+`PassLayout` and `Grid` (where the target's tokens sit in a pass) and `LocalizedOp` (the answer).
 `capabilities(engine)` reads them into one frozen `Capabilities`, with every field off for an engine
 that declares none, so an engine with the four required members runs every check that needs
 nothing more. Ask `capabilities(engine)` whether an engine can do something, never `isinstance`
@@ -18,20 +21,19 @@ capability's method and states its engine's through its own `capabilities`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from oracle.capture.rows import PassLayout, RowCapture
-    from oracle.capture.rules import LocalizedOp
-
-__all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine",
-           "LaysOutPasses", "LocalizesInWorker", "Mode", "Request", "ResetsPrefixCache", "RunSpec",
-           "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses", "capabilities", "class_needs_weights",
-           "missing_members", "output_problem", "request_problem", "run_generate"]
+__all__ = ["MODES", "REQUIRED", "Capabilities", "Capturable", "Completion", "DeclaresOpPackages", "Engine", "Grid",
+           "LaysOutPasses", "LocalizedOp", "LocalizesInWorker", "Mode", "PassLayout", "PassRecorder", "Request",
+           "ResetsPrefixCache", "RunSpec", "SamplingParams", "StepEvidence", "StopsAtEos", "TimesForwardPasses",
+           "capabilities", "class_needs_weights", "missing_members", "output_problem", "position_ranges",
+           "request_problem", "run_generate"]
 
 Mode = Literal["production", "invariant"]
 MODES: tuple[Mode, ...] = ("production", "invariant")
@@ -162,6 +164,160 @@ class RunSpec:
     warm_with: tuple[Request, ...] = ()
 
 
+# --- what the capture capabilities pass: where the target sits, the recorder, the answer -----------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A token layout of a pass and where the target's tokens sit in it.
+
+    `shape` is `(T,)` for a flattened layout (rows along dim 0) or `(B, S)` for a batch of
+    sequences; `rows[i]` indexes into it (a 1- or 2-tuple) and holds token `positions[i]`.
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """One forward pass as the capture sees it.
+
+    `grids` are tried in order (the first that fits a tensor's shape wins); `seq_index` is the
+    target's sequence among the pass's (its block-table row), `kv_len` the number of positions it
+    attends to, `block_size` the KV cache's, when the engine knows them (for `kv_read`).
+    """
+
+    forward_pass: int
+    engine_step: int | None
+    grids: tuple[Grid, ...]
+    evidence: dict[str, Any]
+    seq_index: int | None = None
+    kv_len: int | None = None
+    block_size: int | None = None
+
+
+class PassRecorder(Protocol):
+    """What an engine's `capture` is handed (`oracle.capture.rows.RowCapture`): it opens each forward pass that
+    holds the target with `forward_pass(layout, inputs)` (`inputs`: the pass's token-aligned tensors), and says
+    which module is running through `module_path`. `bypass` names ops (`namespace.name`) to observe at the
+    Python call, `enter` the namespaces of wrapper ops whose insides are captured."""
+
+    module_path: Callable[[], str]
+    bypass: tuple[str, ...]
+    enter: tuple[str, ...]
+
+    def forward_pass(self, layout: PassLayout, inputs: Sequence[Any]) -> AbstractContextManager[None]:
+        """Capture one pass laid out as `layout`, its rows starting at `inputs`."""
+        ...
+
+
+# The line a status starts with in `LocalizedOp.describe`.
+_STATUS_HEADS = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
+                 "inconclusive": "inconclusive, within "}
+_INPUTS = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}
+_SHARED = ("num_seqs", "num_tokens", "num_prefill_tokens", "num_decode_tokens")
+
+
+@dataclass(frozen=True)
+class LocalizedOp:
+    """Where a target's bits first moved, inside the model.
+
+    `status`: `localized` (an op, named by `module` and `op`), `kv_state` (the KV cache it read
+    differed), `after_capture` (every captured op agreed; `op` is the last one that did) or
+    `inconclusive` (`module` is the narrowest bound, `note` says why). `positions`: the target's
+    token positions whose rows differ; `shape`: the result's full shape in the failing run; `ulp`:
+    the largest distance between differing elements on the ordered integer line of their bit
+    patterns; `inputs_equal`: whether every row-aligned input was bitwise equal; `within`: the
+    custom op the named op ran inside; `op_class`: attention, matmul, norm, sampling,
+    communication, kv-cache write or other; `confirmation`: `confirmed` (run alone on each run's
+    captured inputs, the op reproduces the difference), `not reproduced alone`, or `not checked`
+    (`confirm_note` says why); `depends_on`: launch quantities that differed between the two calls
+    ({name: [expected, actual]}); `repro`: the folder of the standalone repro, when written.
+    """
+
+    module: str
+    op: str
+    layer: int | None
+    forward_pass: int
+    engine_step: int | None
+    positions: tuple[int, ...]
+    shape: tuple[int, ...]
+    ulp: int | None
+    max_abs_diff: float | None
+    inputs_equal: bool | None
+    pass_evidence: dict[str, Any] = field(default_factory=dict)
+    eager: bool | None = None
+    still_diverged: bool = True
+    note: str = ""
+    status: str = "localized"
+    kind: str = "out"
+    within: str = ""
+    op_class: str = "other"
+    confirmation: str = "not checked"
+    confirm_note: str = ""
+    depends_on: dict[str, Any] = field(default_factory=dict)
+    repro: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["positions"] = list(self.positions)
+        d["shape"] = list(self.shape)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LocalizedOp:
+        return cls(**{**d, "positions": tuple(d["positions"]), "shape": tuple(d["shape"])})
+
+    def describe(self) -> str:
+        """One line for the console, junit and a pytest failure message."""
+        op = self.op + (f" inside {self.within}" if self.within else "")
+        layer = f" (layer {self.layer})" if self.layer is not None else ""
+        line = (f"{_STATUS_HEADS.get(self.status, '')}{self.module or '<model>'} {op}{layer} at {self._where()}, "
+                f"positions {position_ranges(self.positions)}, shape {list(self.shape)}: {self._size()}, "
+                f"{_INPUTS[self.inputs_equal]}; pass: {self._pass()}")
+        tail = [self._confirmed(), self._rerun(), f"; {self.note}" if self.note else ""]
+        return line + "".join(tail)
+
+    def _where(self) -> str:
+        return f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")
+
+    def _size(self) -> str:
+        size = f"{self.ulp} ULP" if self.ulp is not None else "differs"
+        return size + (f", max abs {self.max_abs_diff:.3g}" if self.max_abs_diff is not None else "")
+
+    def _pass(self) -> str:
+        """What shared the pass: prefill or decode for the target, and the pass's sizes."""
+        ev = self.pass_evidence
+        shared = ", ".join(f"{k} {ev[k]}" for k in _SHARED if k in ev)
+        kind = ("prefill" if ev["target_is_prefill"] else "decode") if "target_is_prefill" in ev else ""
+        return ", ".join(x for x in (kind, shared) if x)
+
+    def _confirmed(self) -> str:
+        """A named op's class and confirmation, with the launch quantities that differed."""
+        if self.status != "localized":
+            return ""
+        depends = ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items())
+        return f"; {self.op_class}; {self.confirmation}" + (f" ({depends})" if depends else "")
+
+    def _rerun(self) -> str:
+        if self.eager:
+            return "; rerun eager" + ("" if self.still_diverged else " (no longer diverged)")
+        return "" if self.still_diverged else "; the rerun's outputs did not diverge"
+
+
+def position_ranges(positions: Sequence[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9" (positions in order; "-" for none)."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and p == runs[-1][-1] + 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
+
+
 # --- optional capabilities: each a protocol an engine implements, or not -------------------------
 
 
@@ -192,7 +348,7 @@ class Capturable(Protocol):
     """An engine whose model runs in this process and can be captured per op (native, transformers):
     localization (`oracle.localize`, `oracle.capture`) runs both sides of a divergence through it."""
 
-    def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
+    def capture(self, run: RunSpec, rows: PassRecorder) -> Completion:
         """Reset the prefix cache, run `run.warm_with` uncaptured, then `run.requests` (with `run.max_num_batched_tokens`)
         with `rows` active on every forward pass that holds the target; the target's Completion.
         Runs every pass eagerly (no CUDA graphs), on the calling thread."""
@@ -350,28 +506,69 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_toke
         return f"returned {type(c).__name__}, not a Completion"
     if not isinstance(c.token_ids, list) or not isinstance(c.logprobs, list):
         return "token_ids and logprobs must be lists"
-    n, want = len(c.token_ids), request.sampling.max_tokens
-    if n > want or (n < want and not stop_at_eos):
-        return (f"{n} tokens for max_tokens {want} (a request generates exactly max_tokens: "
+    expected = _Expected(request.sampling.max_tokens, stop_at_eos, tuple(eos_token_ids))
+    return next((problem for check in _CONTENT_CHECKS if (problem := check(c, expected)) is not None), None)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What a well-formed completion of one request holds: `max_tokens` tokens, or fewer ending in an EOS id."""
+
+    max_tokens: int
+    stop_at_eos: bool
+    eos_token_ids: tuple[int, ...]
+
+
+def _token_count(c: Completion, want: _Expected) -> str | None:
+    n = len(c.token_ids)
+    if n > want.max_tokens or (n < want.max_tokens and not want.stop_at_eos):
+        return (f"{n} tokens for max_tokens {want.max_tokens} (a request generates exactly max_tokens: "
                 "EOS is ignored, so a short output is a truncated one)")
-    if n < want and (n == 0 or c.token_ids[-1] not in eos_token_ids):
-        ends = f"ends in token {c.token_ids[-1]!r}" if n else "is empty"
-        return (f"{n} tokens for max_tokens {want}: the engine stops at EOS, but the output {ends}, not an "
-                f"EOS token ({', '.join(map(str, eos_token_ids)) or 'the engine declares none'}): a truncated one")
+    return None
+
+
+def _short_without_eos(c: Completion, want: _Expected) -> str | None:
+    """An engine that stops at EOS may return fewer tokens, the last of them an EOS id."""
+    n = len(c.token_ids)
+    if n == want.max_tokens or (n and c.token_ids[-1] in want.eos_token_ids):
+        return None
+    ends = f"ends in token {c.token_ids[-1]!r}" if n else "is empty"
+    eos = ", ".join(map(str, want.eos_token_ids)) or "the engine declares none"
+    return (f"{n} tokens for max_tokens {want.max_tokens}: the engine stops at EOS, but the output {ends}, not an "
+            f"EOS token ({eos}): a truncated one")
+
+
+def _token_ids(c: Completion, want: _Expected) -> str | None:
     bad_id = next((t for t in c.token_ids if type(t) is not int or t < 0), None)
-    if bad_id is not None:
-        return f"token id {bad_id!r} is not a non-negative int"
-    for name in ("logprobs", "logits", "logits_digests", "top2"):
-        values = getattr(c, name)
-        if values is not None and len(values) != n:
-            return f"{len(values)} {name} for {n} tokens"
+    return f"token id {bad_id!r} is not a non-negative int" if bad_id is not None else None
+
+
+def _step_lengths(c: Completion, want: _Expected) -> str | None:
+    """Every per-step list holds one entry per token."""
+    n = len(c.token_ids)
+    lengths = ((name, len(values)) for name in ("logprobs", "logits", "logits_digests", "top2")
+               if (values := getattr(c, name)) is not None)
+    return next((f"{length} {name} for {n} tokens" for name, length in lengths if length != n), None)
+
+
+def _logprobs(c: Completion, want: _Expected) -> str | None:
+    """A sampled token has a finite probability: its logprob is a finite number."""
     for i, lp in enumerate(c.logprobs):
         if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
             return f"step {i}: the sampled token's logprob is {lp!r}, not a finite number"
+    return None
+
+
+def _top2(c: Completion, want: _Expected) -> str | None:
+    """The top-1 logit is finite; the top-2 may be -Inf (a masked logit), never NaN or +Inf."""
     for i, pair in enumerate(c.top2 or ()):
         top1, top2 = (float(v) for v in pair)
         if not math.isfinite(top1) or math.isnan(top2) or top2 == math.inf:
             return f"step {i}: top-2 logits ({top1!r}, {top2!r}) are not finite"
+    return None
+
+
+def _logits_rows(c: Completion, want: _Expected) -> str | None:
     for i, row in enumerate(c.logits or ()):
         if row is None:
             return f"step {i}: no logits row"
@@ -379,3 +576,8 @@ def output_problem(request: Request, c: Any, stop_at_eos: bool = False, eos_toke
         if found is not None:
             return f"step {i}: logits row holds {found[1]!r} at token {found[0]}"
     return None
+
+
+# The checks of a Completion's contents, in order: each may assume the ones before it passed.
+_CONTENT_CHECKS: tuple[Callable[[Completion, _Expected], str | None], ...] = (
+    _token_count, _short_without_eos, _token_ids, _step_lengths, _logprobs, _top2, _logits_rows)
