@@ -317,6 +317,17 @@ class CrossInstanceConfig(CheckConfig):
                         description="schedule trials run again on the second instance (besides every reference)")
 
 
+class TpParityConfig(CheckConfig):
+    """The same prompts at two tensor-parallel sizes (invariant mode's references), reported with the size of
+    their difference: another number of ranks splits each reduction differently, which batch invariance
+    does not promise to hide. Off by default (it starts invariant mode's engine again); `report` reports
+    it, `required` makes a difference fail the run."""
+
+    requirement: Literal["report", "required", "warn", "off"] = "off"  # type: ignore[assignment]
+    tensor_parallel_size: int = Field(1, ge=1, le=4096, description="the size compared with the run's own "
+                                      "engine.options.tensor_parallel_size")
+
+
 class GoldenConfig(CheckConfig):
     requirement: Requirement = "off"
     file: str | None = Field(None, description="golden file written by `oracle record`")
@@ -339,6 +350,7 @@ class ChecksConfig(_Strict):
     golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
     seeded_sampling: SeededSamplingConfig = Field(default_factory=SeededSamplingConfig)  # type: ignore[arg-type]
     cross_instance: CrossInstanceConfig = Field(default_factory=CrossInstanceConfig)  # type: ignore[arg-type]
+    tp_parity: TpParityConfig = Field(default_factory=TpParityConfig)  # type: ignore[arg-type]
 
 
 class Config(_Strict):
@@ -620,6 +632,11 @@ def _cross_check(config: Config) -> None:
     options = e.typed_options()
     if isinstance(options, NativeOptions) and options.cuda_graphs and not e.device.startswith("cuda"):
         raise config.error(("engine", "options", "cuda_graphs"), f"needs a CUDA device, not engine.device {e.device!r}")
+    model = options_model(e.kind)
+    if config.checks.tp_parity.requirement != "off" and model is not None \
+            and "tensor_parallel_size" not in model.model_fields:
+        raise config.error(("checks", "tp_parity"), f"engine kind {e.kind!r} has no engine.options."
+                           "tensor_parallel_size: tp_parity compares two tensor-parallel sizes of one engine")
 
 
 def nesting_depth(value: Any) -> int:

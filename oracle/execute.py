@@ -38,13 +38,14 @@ from oracle.engines.contract import (
     run_generate,
 )
 from oracle.errors import ConfigError, EngineError, OracleError, engine_error
-from oracle.lifecycle.watchdog import GuardedEngine
+from oracle.lifecycle.watchdog import GuardedEngine, start_engine
 from oracle.observer import Observer
 from oracle.plan import Plan, phase_of, solo_request, target_sampling, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
 from oracle.timings import PhaseClock
+from oracle.tp_parity import parity_config, same_size_note
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class ModeResult:
     sampled: tuple[SampledRound, ...] = ()  # the seeded_sampling check's runs (invariant mode)
     sampling_note: str = ""  # why it did not run
     instance: InstanceRun | None = None  # the cross_instance check's second engine (its mode only)
+    tp_parity: InstanceRun | None = None  # invariant mode at the tp_parity check's size (oracle.tp_parity)
 
 
 def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
@@ -182,6 +184,7 @@ class ModeExecution:
         self.sampled: list[SampledRound] = []
         self.sampling_note = ""
         self.instance: InstanceRun | None = None
+        self.tp_parity: InstanceRun | None = None
         self.engine: Engine | None = None
         self.describe: dict[str, Any] = {}
         self.solo: dict[int, Completion] = {}
@@ -208,6 +211,7 @@ class ModeExecution:
             ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
             search=self.search, search_trials=tuple(self.search_trials), timings=ro(dict(self.clock.seconds)),
             sampled=tuple(self.sampled), sampling_note=self.sampling_note, instance=self.instance,
+            tp_parity=self.tp_parity,
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -313,6 +317,9 @@ class ModeExecution:
         if checks.cross_instance.requirement != "off" and checks.cross_instance.mode == self.mode and per_target:
             with clock("second_instance"):
                 self._second_instance()
+        if invariant and checks.tp_parity.requirement != "off" and per_target:
+            with clock("tp_parity"):
+                self._tp_parity()
 
     def _failing(self) -> list[Trial]:
         """Failing trials in the order they ran: replayed from the example database, schedule, search."""
@@ -491,6 +498,28 @@ class ModeExecution:
                 self.observer.advance(0)
         finally:
             self.instance = InstanceRun(describe, MappingProxyType(solo), MappingProxyType(trials))
+            engine.close()
+            self.observer.done()
+
+    def _tp_parity(self) -> None:
+        """Start invariant mode's engine again at the tp_parity check's size and run every reference on it."""
+        plan = self.plan
+        cfg, size = plan.config.engine, plan.config.checks.tp_parity.tensor_parallel_size
+        note = same_size_note(cfg, size)
+        if note is not None:
+            self.tp_parity = InstanceRun(note=note)
+            return
+        self.observer.phase(f"{self.mode} (tensor_parallel_size {size})", len(plan.targets))
+        solo: dict[int, Completion] = {}
+        describe: dict[str, Any] = {}
+        engine = start_engine(parity_config(cfg, size), plan.model_dir, self.mode)
+        try:
+            describe = {**engine.describe(), "tensor_parallel_size": size}
+            for i in range(len(plan.targets)):
+                solo[i] = keep_rows(fresh(engine, [solo_request(plan, i)])[0])
+                self.observer.advance(0)
+        finally:
+            self.tp_parity = InstanceRun(describe, MappingProxyType(solo))
             engine.close()
             self.observer.done()
 

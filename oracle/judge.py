@@ -35,6 +35,7 @@ from oracle.report import (
     TrialRecord,
 )
 from oracle.schedule import Trial
+from oracle.tp_parity import judge_parity, run_size
 
 KV_BOUNDARIES = (64, 128, 256, 512)
 
@@ -613,6 +614,19 @@ def cross_instance(runs: Runs, requirement: str) -> Judged:
                               message=f"{n} runs bitwise equal on two separately started {mode} instances"))
 
 
+def tp_parity(runs: Runs, requirement: str) -> Judged:
+    """Invariant mode's references at the run's tensor-parallel size against those at the check's size:
+    reported with the size of their difference (oracle.tp_parity)."""
+    inv = runs.inv
+    other = inv.tp_parity if inv is not None else None
+    verdict, message, ev, n, divergent = judge_parity(
+        inv.solo if inv is not None else None, other.solo if other is not None else None,
+        other.note if other is not None else "", [t.name for t in runs.targets], run_size(runs.config.engine),
+        runs.config.checks.tp_parity.tensor_parallel_size)
+    made = {"pass": CheckResult.passed, "fail": CheckResult.failed, "vacuous": CheckResult.vacuous}[verdict]
+    return Judged(made("tp_parity", requirement, trials=n, divergent=divergent, evidence=ev, message=message))
+
+
 CheckFn = Callable[[Runs, str], Judged]
 INV: tuple[Mode, ...] = ("invariant",)
 PROD: tuple[Mode, ...] = ("production",)
@@ -629,6 +643,7 @@ CHECKS: dict[str, tuple[CheckFn, tuple[Mode, ...], tuple[Mode, ...]]] = {
     "golden": (golden, INV, INV),
     "seeded_sampling": (seeded_sampling, INV, INV),
     "cross_instance": (cross_instance, (), ()),  # reads checks.cross_instance.mode (modes_read)
+    "tp_parity": (tp_parity, INV, INV),
 }
 
 

@@ -91,11 +91,14 @@ def _mode(r: ModeResult, rows: _Rows) -> dict[str, Any]:
                      "solo": [_completion(c, rows) for c in x.solo],
                      "batches": [[_completion(c, rows) for c in b] for b in x.batches]} for x in r.sampled],
         "sampling_note": r.sampling_note,
-        "instance": None if r.instance is None else {
-            "engine": dict(r.instance.engine), "note": r.instance.note,
-            "solo": [[t, _completion(c, rows)] for t, c in r.instance.solo.items()],
-            "trials": [[t, _completion(c, rows)] for t, c in r.instance.trials.items()]},
+        "instance": _instance(r.instance, rows), "tp_parity": _instance(r.tp_parity, rows),
     }
+
+
+def _instance(r: InstanceRun | None, rows: _Rows) -> dict[str, Any] | None:
+    return None if r is None else {
+        "engine": dict(r.engine), "note": r.note, "solo": [[t, _completion(c, rows)] for t, c in r.solo.items()],
+        "trials": [[t, _completion(c, rows)] for t, c in r.trials.items()]}
 
 
 def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, oracle_version: str,
@@ -108,7 +111,7 @@ def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, 
             "modes": {m: _mode(r, rows) for m, r in results.items()}}
     # The engines' descriptions hold their options (a server's command line, `env`, an api_key): the same
     # redaction as report.json's (oracle.redaction.redact_document), so no file a run writes holds a secret.
-    meta = redact_document(meta, ("modes.*.engine", "modes.*.instance.engine"))
+    meta = redact_document(meta, ("modes.*.engine", "modes.*.instance.engine", "modes.*.tp_parity.engine"))
     blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / RESULTS_FILE
@@ -133,16 +136,17 @@ def _read_mode(mode: Mode, d: dict[str, Any], rows: Any) -> ModeResult:
                                  tuple(int(v) for v in x["seeds"]), tuple(c(y) for y in x["solo"]),
                                  tuple(tuple(c(y) for y in b) for b in x["batches"]))
                     for x in d.get("sampled", ()))
-    i = d.get("instance")
-    instance = None if i is None else InstanceRun(
-        dict(i["engine"]), {int(t): c(x) for t, x in i["solo"]}, {int(t): c(x) for t, x in i["trials"]}, str(i["note"]))
+    def instance(i: dict[str, Any] | None) -> InstanceRun | None:
+        return None if i is None else InstanceRun(
+            dict(i["engine"]), {int(t): c(x) for t, x in i["solo"]}, {int(t): c(x) for t, x in i["trials"]},
+            str(i["note"]))
     return ModeResult(
         mode, dict(d["engine"]), {int(t): c(x) for t, x in d["solo"]}, {int(t): c(x) for t, x in d["trials"]},
         {int(t): c(x) for t, x in d["repeats"]}, {(int(t), int(i)): c(x) for t, i, x in d["prefill"]},
         {int(t): (c(a), c(b)) for t, a, b in d["prefix"]}, str(d["prefix_note"]),
         localized=localized, localize_notes=tuple(d["localize_notes"]), seconds=float(d["seconds"]),
         timings=dict(d["timings"]), sampled=sampled, sampling_note=str(d.get("sampling_note", "")),
-        instance=instance)
+        instance=instance(d.get("instance")), tp_parity=instance(d.get("tp_parity")))
 
 
 def _array(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:

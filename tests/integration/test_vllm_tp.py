@@ -70,6 +70,13 @@ def test_shipped_tp2_config_holds_invariance_in_both_ranks_and_production_drifts
     assert posture["all_reduce"].startswith(("cpu shm all-reduce", "torch.distributed ("))
     assert posture["attention_backend"] == "CPU_ATTN"
     assert not any("custom-all-reduce" in h["id"] for h in report.environment.get("hazards") or ())
+    # tp_parity: invariant mode started again at TP 1 ran every target; the difference is reported, not required
+    parity = checks["tp_parity"]
+    assert parity.requirement == "report" and parity.verdict in ("pass", "fail"), parity.message
+    assert parity.evidence["tensor_parallel_size"] == 2 and parity.evidence["compared_with"] == 1
+    assert parity.evidence["targets"] == 4 and parity.trials == 4
+    if parity.verdict == "fail":
+        assert parity.evidence["differing"] and "between TP 2 and TP 1" in parity.message
     # oneDNN's bf16 matmuls change with the batch with AVX-512; on an AVX2-only CPU production at TP 2 gave the
     # solo bits in all 16 trials (as at TP 1, tests/integration/test_vllm_cpu.py): no drift to find there.
     if checks["drift"].divergent == 0:

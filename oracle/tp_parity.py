@@ -1,0 +1,103 @@
+"""The tp_parity check: the same prompts at two tensor-parallel sizes, and how far apart they are.
+
+Batch invariance promises one answer per prompt at one layout of the model. A different number of
+ranks splits every row-parallel matmul's reduction (and adds an all-reduce), so the answers at TP 1
+and at TP N may differ by design: this check reports by how much (targets that differ, first step,
+ULP, largest logprob difference, tokens that flipped). Off by default, and reported rather than
+required unless the config says `required`.
+
+Its runs: invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size` (the
+engine's config from `parity_config`) after the run's own engine closed, and runs every target's solo
+reference (oracle.execute); the check compares those with the run's own references (`judge_parity`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from oracle.compare import first_divergence
+from oracle.config import EngineConfig
+from oracle.engines.contract import Completion
+
+FIELD = "tensor_parallel_size"
+
+
+def run_size(cfg: EngineConfig) -> int:
+    """The tensor-parallel size the run's engine is started with (1 where the options leave it out)."""
+    size = cfg.options.get(FIELD, 1)
+    return size if isinstance(size, int) and not isinstance(size, bool) else 1
+
+
+def parity_config(cfg: EngineConfig, size: int) -> EngineConfig:
+    """The engine's config with `size` ranks, everything else as the run's."""
+    return cfg.model_copy(update={"options": {**cfg.options, FIELD: size}})
+
+
+def _max_logprob_diff(a: Completion, b: Completion) -> float:
+    """Largest |logprob difference| over the steps both sampled the same token up to the first flip."""
+    worst = 0.0
+    for i in range(min(len(a.token_ids), len(b.token_ids))):
+        if a.token_ids[i] != b.token_ids[i]:
+            break
+        diff = abs(a.logprobs[i] - b.logprobs[i])
+        if not math.isfinite(diff):
+            return math.inf
+        worst = max(worst, diff)
+    return worst
+
+
+def compare(own: Mapping[int, Completion], other: Mapping[int, Completion],
+            names: list[str]) -> dict[str, Any]:
+    """Per target, where the run's references and the other size's first differ, and the sizes of it."""
+    differing: list[dict[str, Any]] = []
+    compared = 0
+    worst_lp = 0.0
+    for t, b in other.items():
+        if t not in own:
+            continue
+        compared += 1
+        a = own[t]
+        worst_lp = max(worst_lp, _max_logprob_diff(a, b))
+        d = first_divergence(a, b)
+        if d is not None:
+            differing.append({"target": names[t], "step": d.step, "kind": d.kind, "ulp": d.ulp,
+                              "first_token_step": d.first_token_step,
+                              "max_abs_logits_diff": d.max_abs_logits_diff})
+    ulps = [d["ulp"] for d in differing if d["ulp"] is not None]
+    return {"targets": compared, "differing": differing, "max_ulp": max(ulps) if ulps else None,
+            "max_abs_logprob_diff": worst_lp,
+            "token_flips": sum(d["first_token_step"] is not None for d in differing)}
+
+
+def same_size_note(cfg: EngineConfig, size: int) -> str | None:
+    """Why no second engine is started: the run itself is at `size` ranks (None when it is not)."""
+    own = run_size(cfg)
+    if size != own:
+        return None
+    return (f"the run itself is at {FIELD} {own}: set checks.tp_parity.{FIELD} to another size, or "
+            f"engine.options.{FIELD}")
+
+
+def judge_parity(own: Mapping[int, Completion] | None, other: Mapping[int, Completion] | None, note: str,
+                 names: list[str], run_tp: int, other_tp: int) -> tuple[str, str, dict[str, Any], int, int]:
+    """(verdict, message, evidence, trials, divergent) of tp_parity: the run's references (`own`) against
+    those of invariant mode started at the other size (`other`; None, with `note`, when it did not run)."""
+    ev: dict[str, Any] = {"tensor_parallel_size": run_tp, "compared_with": other_tp}
+    if own is None or other is None or note:
+        return "vacuous", note or "invariant mode did not run at a second tensor-parallel size", ev, 0, 0
+    ev.update(compare(own, other, names))
+    n, differing = ev["targets"], ev["differing"]
+    sizes = f"TP {run_tp} and TP {other_tp}"
+    if n == 0:
+        return "vacuous", f"no target completed at both {sizes}", ev, 0, 0
+    if not differing:
+        return "pass", f"{n} targets bitwise equal at {sizes}", ev, n, 0
+    first = differing[0]
+    ulp = f", {ev['max_ulp']} ULP at most" if ev["max_ulp"] is not None else ""
+    flips = f"; tokens differ in {ev['token_flips']}" if ev["token_flips"] else "; every token the same"
+    message = (f"{len(differing)} of {n} targets differ between {sizes} (outside what batch invariance "
+               f"promises): {first['target']} first at step {first['step']}{ulp}; max |dlogprob| "
+               f"{ev['max_abs_logprob_diff']:.3g}{flips}")
+    return "fail", message, ev, n, len(differing)
