@@ -77,6 +77,7 @@ class LocalizedOp:
     confirm_note: str = ""
     depends_on: dict[str, Any] = field(default_factory=dict)
     repro: str | None = None
+    rank: int | None = None  # the tensor-parallel rank it ran in (None: one process)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,6 +104,8 @@ class LocalizedOp:
         op = self.op + (f" inside {self.within}" if self.within else "")
         head = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
                 "inconclusive": "inconclusive, within "}.get(self.status, "")
+        if self.rank is not None:
+            layer += f" in rank {self.rank}"
         line = (f"{head}{self.module or '<model>'} {op}{layer} at {where}, positions {_ranges(self.positions)}, "
                 f"shape {list(self.shape)}: {size}, {inputs}; pass: {', '.join(x for x in (kind, shared) if x)}")
         if self.status == "localized":
