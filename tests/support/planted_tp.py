@@ -79,3 +79,30 @@ class PlantedTPEngine(NativeEngine):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "engine": "planted"}
+
+
+class NoKernelsInRank(Reducer):
+    """Rank `rank` turns oracle_kernels off in its process as it starts: invariant mode is not in force there."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def start(self, rank: int) -> None:
+        if rank == self.rank:
+            import oracle_kernels
+
+            oracle_kernels.disable()
+
+
+class DyingRank(Reducer):
+    """Rank `rank`'s process exits inside an all-reduce of a pass of more than `min_tokens` tokens."""
+
+    def __init__(self, rank: int, min_tokens: int) -> None:
+        self.rank, self.min_tokens = rank, min_tokens
+
+    def reduce(self, parts: Sequence[torch.Tensor], residual: torch.Tensor, name: str, rank: int) -> torch.Tensor:
+        if rank == self.rank and parts[0].shape[0] > self.min_tokens:
+            import os
+
+            os._exit(7)
+        return super().reduce(parts, residual, name, rank)

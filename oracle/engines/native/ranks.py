@@ -282,6 +282,7 @@ class RankGroup:
         try:
             kind, payload = _recv(conn)
         except (EOFError, OSError) as e:
+            proc.join(2.0)  # its pipe closed as it exited: reap it for the exit code
             raise EngineError(f"native tensor parallel: rank {rank} (pid {proc.pid}) died during {what} "
                               f"(exit code {proc.exitcode})") from e
         if kind == "error":
