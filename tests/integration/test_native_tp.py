@@ -214,9 +214,9 @@ def test_oracle_run_catches_shrinks_and_localizes_the_planted_all_reduce(tiny_qw
     assert found
     shrunk = [d for d in found if d["evidence"].get("shrunk")]
     assert shrunk, "the failing trial is shrunk"
-    batch = {t["trial_id"]: t["batch_size"] for t in report["trials"]} if "trials" in report else {}
-    if batch:
-        assert batch[shrunk[0]["trial_id"]] <= min(batch[d["trial_id"]] for d in found)
+    small = shrunk[0]["trial"]
+    parent = next(d["trial"] for d in found if d["trial_id"] == small["parent"])
+    assert small["origin"] == "shrink" and len(small["fillers"]) < len(parent["fillers"])
     located = [d["localized_op"] for d in found if d.get("localized_op")]
     assert located
     for op in located:
