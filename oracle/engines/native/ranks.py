@@ -84,6 +84,7 @@ class _RankState:
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     num_blocks: int = -1
     rows: Any = None  # a RowCapture while rank 0 captures
+    last_capture: Any = None  # the last one, whose snapshot `run_alone` re-runs
     audit: dict[str, set[str]] | None = None
 
 
@@ -158,12 +159,12 @@ def _handle(state: _RankState, msg: tuple[Any, ...]) -> Any:
         return None
     if kind == "capture_end":
         rows, state.rows = state.rows, None
-        state.last_capture = rows  # type: ignore[attr-defined]
+        state.last_capture = rows
         return captured_of(rows)
     if kind == "run_alone":
         from oracle.capture.confirm import run_alone
 
-        snap = state.last_capture.snapshot  # type: ignore[attr-defined]
+        snap = state.last_capture.snapshot if state.last_capture is not None else None
         return None if snap is None else run_alone(snap, msg[1], msg[2])
     if kind == "audit_begin":
         state.audit = {"covered": set(), "uncovered": set()}
@@ -190,7 +191,7 @@ def _run_pass(state: _RankState, inputs: Any, num_blocks: int, layout: Any) -> N
 
     c = state.decoder.config
     if num_blocks != state.num_blocks:
-        shape = (num_blocks + 1, layout_block_size(inputs), c.num_kv_heads, c.head_dim)
+        shape = (num_blocks + 1, int(inputs["block_size"]), c.num_kv_heads, c.head_dim)
         state.kv = [(torch.zeros(shape, dtype=state.decoder.dtype), torch.zeros(shape, dtype=state.decoder.dtype))
                     for _ in range(c.num_layers)]
         state.num_blocks = num_blocks
@@ -213,10 +214,6 @@ def _run_pass(state: _RankState, inputs: Any, num_blocks: int, layout: Any) -> N
             state.audit["uncovered"].update(result.uncovered)
         else:
             forward()
-
-
-def layout_block_size(inputs: dict[str, Any]) -> int:
-    return int(inputs["block_size"])
 
 
 def wire_inputs(step: Any, block_size: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ its rank on its captured inputs, as `oracle.capture.confirm_alone` does in one p
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def start_ranks(engine: Any, model: Path | Decoder, config: EngineConfig, reduce
         engine.decoder.reduce = all_reduce
         engine.ranks = ranks
         engine.rank_reports = audit_ranks(engine, ranks) if engine.mode == "invariant" else \
-            [{"rank": 0, "device": "cpu", "kernels": False}, *ranks.reports]
+            [{"rank": 0, "pid": os.getpid(), "device": "cpu", "kernels": False}, *ranks.reports]
     except BaseException:
         engine.ranks = None
         ranks.close()
@@ -100,8 +101,6 @@ def audit_ranks(engine: Any, ranks: RankGroup) -> list[dict[str, Any]]:
     finally:
         del decoder.forward
     others = ranks.call(("audit_end",))
-    import os
-
     mine = {"rank": 0, "pid": os.getpid(), "device": "cpu", "kernels": bool(kernels) and all(kernels),
             "threads": torch.get_num_threads(), "batch_variant_covered": sorted(seen["covered"]),
             "batch_variant_uncovered": sorted(seen["uncovered"])}
@@ -207,7 +206,7 @@ def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
         op = replace(f.op, rank=rank, note="; ".join(x for x in (
             f.op.note, f"the same op changed in rank{'s' if len(also) > 1 else ''} {', '.join(map(str, also))} too"
             if also else "", *skipped[:2]) if x))
-        return _confirm(engine, expected, actual, replace(f, op=op), rank, len(exp))
+        return _confirm(engine, expected, actual, replace(f, op=op), rank, len(exp), repro_dir)
     # No rank named an op: rank 0's answer (the engine's outputs are rank 0's), never nothing where they differ.
     first = next((f.op for f in findings if f.op is not None and f.op.status != "localized"), None)
     if first is None:
@@ -218,7 +217,9 @@ def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
 
 
 def _confirm(engine: Any, expected: RunSpec, actual: RunSpec, finding: Finding, rank: int,
-             size: int) -> LocalizedOp:
+             size: int, repro_dir: Path | None) -> LocalizedOp:
+    """Confirm the named op alone; repro/ is written for an op of rank 0 that is not a communication op (the
+    others re-run in a rank's process, or through the group's reducer, which a standalone repro cannot hold)."""
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
     assert op is not None and a_call is not None
     if e_call is None:
@@ -229,7 +230,7 @@ def _confirm(engine: Any, expected: RunSpec, actual: RunSpec, finding: Finding, 
         if rank == 0:
             from oracle.capture import confirm_alone
 
-            return confirm_alone(lambda spec, rows: engine.capture(spec, rows), expected, actual, finding, None)
+            return confirm_alone(lambda spec, rows: engine.capture(spec, rows), expected, actual, finding, repro_dir)
         return _confirm_in_rank(engine, expected, actual, op, a_call, e_call, rank)
     except EngineError:
         raise
