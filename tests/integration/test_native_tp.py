@@ -203,7 +203,8 @@ def test_oracle_run_at_tp2_passes_invariance(tiny_qwen3: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_oracle_run_catches_shrinks_and_localizes_the_planted_all_reduce(tiny_qwen3: Path, tmp_path: Path) -> None:
+def test_oracle_run_catches_shrinks_and_localizes_the_planted_all_reduce(
+        tiny_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     engine = {"kind": "planted_tp:PlantedTPEngine",
               "options": {"fault": "all_reduce", "fault_module": DOWN_PROJ_0, "fault_rank": 1,
                           "tensor_parallel_size": 2, "num_threads": 1}}
@@ -222,3 +223,4 @@ def test_oracle_run_catches_shrinks_and_localizes_the_planted_all_reduce(tiny_qw
     for op in located:
         assert (op["module"], op["op"], op["layer"], op["rank"]) == (DOWN_PROJ_0, ALL_REDUCE, 0, 1)
         assert op["op_class"] == "communication" and op["confirmation"] == "confirmed"
+    assert f"first diverging op: {DOWN_PROJ_0} ({ALL_REDUCE}), layer 0, rank 1" in capsys.readouterr().out
