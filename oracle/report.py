@@ -94,9 +94,11 @@ class LocalizedOpRecord(_Model):
     depends_on: dict[str, Any] = Field(default_factory=dict, description="launch quantities that differed "
                                        "between the two calls: {name: [expected, actual]}")
     repro: str | None = Field(default=None, description="folder of the standalone one-op repro")
+    rank: int | None = Field(default=None, description="the tensor-parallel rank the op ran in (null: one process)")
 
     def describe(self) -> str:
         layer = f", layer {self.layer}" if self.layer is not None else ""
+        layer += f", rank {self.rank}" if self.rank is not None else ""
         where = f", pass {self.forward_pass}" if self.forward_pass is not None else ""
         step = f" (engine step {self.engine_step})" if self.engine_step is not None else ""
         ulp = f", {self.ulp} ULP" if self.ulp is not None else ""

@@ -259,6 +259,7 @@ class LocalizedOp:
     confirm_note: str = ""
     depends_on: dict[str, Any] = field(default_factory=dict)
     repro: str | None = None
+    rank: int | None = None  # the tensor-parallel rank it ran in (None: one process)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -274,6 +275,8 @@ class LocalizedOp:
         """One line for the console, junit and a pytest failure message."""
         op = self.op + (f" inside {self.within}" if self.within else "")
         layer = f" (layer {self.layer})" if self.layer is not None else ""
+        if self.rank is not None:
+            layer += f" in rank {self.rank}"
         line = (f"{_STATUS_HEADS.get(self.status, '')}{self.module or '<model>'} {op}{layer} at {self._where()}, "
                 f"positions {position_ranges(self.positions)}, shape {list(self.shape)}: {self._size()}, "
                 f"{_INPUTS[self.inputs_equal]}; pass: {self._pass()}")

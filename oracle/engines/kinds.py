@@ -225,9 +225,19 @@ def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
 
 
 def _native_model(cfg: EngineConfig, model_dir: Path) -> None:
-    from oracle.models.architectures import native_architecture
+    from oracle.engine_options import NativeOptions
+    from oracle.models.architectures import native_architecture, read_config_json
 
     native_architecture(model_dir)
+    size = cfg.options_as(NativeOptions).tensor_parallel_size
+    if size > 1:  # the ranks split heads, kv heads and the intermediate size evenly
+        raw = read_config_json(model_dir)
+        heads = raw.get("num_attention_heads")
+        for what, n in (("attention heads", heads), ("kv heads", raw.get("num_key_value_heads", heads)),
+                        ("intermediate size", raw.get("intermediate_size"))):
+            if isinstance(n, int) and n % size:
+                raise ConfigError(f"engine.options.tensor_parallel_size: tensor_parallel_size {size} does not "
+                                  f"divide the model's {what} ({n}) in {model_dir / 'config.json'}")
 
 
 def _fits_in_process(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:

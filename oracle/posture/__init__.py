@@ -114,8 +114,10 @@ def _fill_native(out: dict[str, Any], described: dict[str, Any]) -> None:
     out.update(
         attention_backend="oracle_kernels fixed-split attention" if invariant else "native split-KV (splits by batch)",
         cuda_graphs="off" if cpu or not described.get("cuda_graphs") else "decode",
-        compile_mode="none", async_scheduling=False, spec_decoding="none", tensor_parallel=1,
-        pipeline_parallel=1, sequence_parallel=False, all_reduce="none", rank_devices=[out["device"]],
+        compile_mode="none", async_scheduling=False, spec_decoding="none",
+        tensor_parallel=int(described.get("tensor_parallel_size", 1)),
+        pipeline_parallel=1, sequence_parallel=False, all_reduce=str(described.get("all_reduce", "none")),
+        rank_devices=[str(d) for d in described.get("rank_devices") or [out["device"]]],
         sampler="native (oracle.engines.native.sampler)",
         kv_cache_dtype=out["dtype"], quantization="none",
         linear_kernel="oracle_kernels mm" if invariant else "torch default (aten mm)",
@@ -188,8 +190,11 @@ def declare_native(engine: Any, mode: str, out: dict[str, Any], env: dict[str, s
     from oracle.engine_options import NativeOptions
 
     out.update(engine_version="oracle", device=engine.device)
+    options = engine.options_as(NativeOptions)
+    tp = options.tensor_parallel_size
     _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
-                       "device": engine.device, "cuda_graphs": engine.options_as(NativeOptions).cuda_graphs})
+                       "device": engine.device, "cuda_graphs": options.cuda_graphs, "tensor_parallel_size": tp,
+                       "all_reduce": "gloo" if tp > 1 else "none", "rank_devices": [engine.device] * tp})
 
 
 def declare_transformers(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:

@@ -24,6 +24,8 @@ def localized_line(d: DivergenceRecord) -> str | None:
     text = f"first diverging op: {lo.module} ({lo.op})"
     if lo.layer is not None:
         text += f", layer {lo.layer}"
+    if lo.rank is not None:
+        text += f", rank {lo.rank}"
     if lo.forward_pass is not None:
         text += f", pass {lo.forward_pass}"
     if not lo.still_diverged:

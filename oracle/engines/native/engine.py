@@ -28,6 +28,7 @@ from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvid
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
+from oracle.engines.native.parallel import Reducer
 from oracle.engines.native.sampler import SampledRows, request_generator, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
@@ -35,6 +36,8 @@ from oracle.errors import ConfigError
 
 if TYPE_CHECKING:
     from oracle.capture.rows import RowCapture
+    from oracle.capture.rules import LocalizedOp
+    from oracle.engines.native.ranks import RankGroup
 
 
 def num_kv_splits_for(num_seqs: int, max_splits: int = 8, target_parallelism: int = 16) -> int:
@@ -96,7 +99,8 @@ class NativeEngine:
     when None). A `Decoder` in place of a checkpoint folder is used as it is (the bench's random one).
     """
 
-    def __init__(self, model: Path | Decoder, mode: Mode, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: Path | Decoder, mode: Mode, config: EngineConfig | None = None, *,
+                 reducer: Reducer | None = None) -> None:
         config = config or EngineConfig.of("native")
         options = config.options_as(NativeOptions)
         self.mode = mode
@@ -106,6 +110,10 @@ class NativeEngine:
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
         self.cuda_graphs = self.device.type == "cuda" if options.cuda_graphs is None else options.cuda_graphs
         self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[config.dtype], self.device)
+        self.tensor_parallel_size = options.tensor_parallel_size
+        # Ranks 1..N-1 of a sharded model (oracle.engines.native.ranks); None in one process.
+        self.ranks: RankGroup | None = None
+        self.rank_reports: list[dict[str, Any]] = []  # each rank's account of its kernels, rank order
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
@@ -123,6 +131,10 @@ class NativeEngine:
         self._graphs: DecodeGraphs | None = None
         self.forward_seconds = 0.0  # time inside forward passes, summed while `timed` is on (bench)
         self.timed = False
+        if self.tensor_parallel_size > 1:  # last: the ranks' kernel audit runs this engine
+            from oracle.engines.native.sharded import start_ranks
+
+            self.ranks = start_ranks(self, model, config, reducer or Reducer())
 
     def describe(self) -> dict[str, Any]:
         c = self.decoder.config
@@ -143,9 +155,16 @@ class NativeEngine:
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
+            **({"tensor_parallel_size": self.tensor_parallel_size, "all_reduce": "gloo",
+                "all_reduce_order": self.ranks.reducer.describe(),
+                "rank_devices": [str(self.device)] * self.tensor_parallel_size, "ranks": self.rank_reports}
+               if self.ranks is not None else {}),
         }
 
     def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
         self._kv = []
         self._graphs = None
         self._num_blocks = 0
@@ -191,6 +210,17 @@ class NativeEngine:
         finally:
             self.pass_hook = None
         return out[run.target_index]
+
+    def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
+        """LocalizesInWorker: both runs captured (in every rank at tensor parallel > 1, compared rank by rank:
+        `native.sharded.localize_sharded`), the op named and confirmed alone."""
+        if self.ranks is not None:
+            from oracle.engines.native.sharded import localize_sharded
+
+            return localize_sharded(self, expected, actual, repro_dir)
+        from oracle.capture import localize_with
+
+        return localize_with(self.capture, expected, actual, repro_dir=repro_dir)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
@@ -270,6 +300,8 @@ class NativeEngine:
 
         Under per-op capture (oracle.capture) every pass runs eagerly, inside the capture's context.
         """
+        if self.ranks is not None:
+            return self._sharded_forward(step, batch)
         if self.pass_hook is not None:
             inputs = self._prepare(batch)
             with self.pass_hook(step, batch, inputs):
@@ -287,6 +319,20 @@ class NativeEngine:
                     tables=[item.seq.block_table for item in batch],
                 )
         return self.decoder.forward(self._prepare(batch), self._kv)
+
+    def _sharded_forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Every rank runs the pass (rank 0's layout of the target goes with it under capture); rank 0's logits."""
+        assert self.ranks is not None
+        inputs = self._prepare(batch)
+        layout = self.rank_layout(step, batch, inputs) if self.rank_layout and self.pass_hook else None
+        with self.ranks.forward_pass(inputs, self.block_size, self._num_blocks, self.decoder.scopes, layout):
+            if self.pass_hook is not None:
+                with self.pass_hook(step, batch, inputs):
+                    return self.decoder.forward(inputs, self._kv)
+            return self.decoder.forward(inputs, self._kv)
+
+    # Under per-rank capture (oracle.engines.native.sharded): the target's layout of a pass, sent to the ranks.
+    rank_layout: Callable[[int, list[ScheduledSeq], StepInputs], Any] | None = None
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None:

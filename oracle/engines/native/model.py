@@ -8,6 +8,7 @@ can replace it without touching the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -89,6 +90,9 @@ class Decoder:
         )
         self.lm_head = weights["lm_head.weight"] if not c.tie_word_embeddings else weights["model.embed_tokens.weight"]
         self.scopes = Scopes()
+        # Tensor parallel: the all-reduce after each row-parallel layer, fused with the residual add
+        # (`oracle.engines.native.parallel.all_reduce`); None in one process.
+        self.reduce: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -168,7 +172,10 @@ class Decoder:
                     with scope(p + "self_attn.o_proj"):
                         o = F.linear(attn.reshape(num_tokens, c.num_heads * c.head_dim), w[p + "self_attn.o_proj.weight"],
                                      w.get(p + "self_attn.o_proj.bias"))
-                h = h + o
+                        if self.reduce is not None:  # this rank's partial, summed over the ranks, plus h
+                            h = self.reduce(o, h, p + "self_attn.o_proj")
+                if self.reduce is None:
+                    h = h + o
                 with scope(p + "post_attention_layernorm"):
                     x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
                 with scope(p + "mlp"):
@@ -181,7 +188,10 @@ class Decoder:
                     gated = act * up
                     with scope(p + "mlp.down_proj"):
                         down = F.linear(gated, w[p + "mlp.down_proj.weight"])
-                h = h + down
+                        if self.reduce is not None:
+                            h = self.reduce(down, h, p + "mlp.down_proj")
+                if self.reduce is None:
+                    h = h + down
         h = h[inputs.logits_indices]  # [R, hidden]
         with scope("model.norm"):
             h = self._rms_norm(h, w["model.norm.weight"])
