@@ -122,7 +122,8 @@ def test_a_rank_that_dies_is_an_engine_error_naming_it_and_no_process_is_left(ti
     assert _gone(pids)
 
 
-def _run_config(tmp_path: Path, model: Path, engine: dict[str, Any], **schedule: Any) -> Path:
+def _run_config(tmp_path: Path, model: Path, engine: dict[str, Any], checks: dict[str, Any] | None = None,
+                **schedule: Any) -> Path:
     config: dict[str, Any] = {
         "model": str(model),
         "engine": engine,
@@ -131,7 +132,7 @@ def _run_config(tmp_path: Path, model: Path, engine: dict[str, Any], **schedule:
         "schedule": {"trials": 4, "seed": 1, "batch_size": [2, 4], "filler_len": [4, 16],
                      "filler_max_tokens": [1, 3], **{"repeat_trials": 0, **schedule}},
         "checks": {"fidelity": "off", "drift": "off", "negative_control": "off", "prefill_decode": "off",
-                   "prefix_cache": "off"},
+                   "prefix_cache": "off", **(checks or {})},
     }
     path = tmp_path / "tp2.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -194,13 +195,22 @@ def test_the_localized_op_round_trips_its_rank() -> None:
 @pytest.mark.slow
 def test_oracle_run_at_tp2_passes_invariance(tiny_qwen3: Path, tmp_path: Path) -> None:
     path = _run_config(tmp_path, tiny_qwen3, {"kind": "native", "options": {"tensor_parallel_size": 2},
-                                              "num_threads": 1}, shrink=False, repeat_trials=1)
+                                              "num_threads": 1}, {"tp_parity": "report"}, shrink=False,
+                       repeat_trials=1)
     assert main(["run", str(path), "--report-dir", str(tmp_path / "report")]) == 0
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     invariance = next(c for c in report["checks"] if c["name"] == "invariance")
     assert invariance["verdict"] == "pass" and not report["divergences"]
     posture = report["environment"]["posture"]["modes"]["invariant"]
     assert (posture["tensor_parallel"], posture["all_reduce"]) == (2, "gloo")
+    # tp_parity: the same targets at TP 1, where o_proj and down_proj sum all of K in one matmul instead of two
+    # halves added by the all-reduce: reported with the size of the difference, never a failed run
+    parity = next(c for c in report["checks"] if c["name"] == "tp_parity")
+    assert parity["requirement"] == "report" and parity["trials"] == 2 and parity["verdict"] in ("pass", "fail")
+    assert parity["evidence"]["tensor_parallel_size"] == 2 and parity["evidence"]["compared_with"] == 1
+    # on this host: 2 of 2 targets differ from step 0, by 5 and 39 ULP in the logprob, no token flipped
+    assert all(d["ulp"] is None or d["ulp"] > 0 for d in parity["evidence"]["differing"])
+    assert parity["divergent"] == len(parity["evidence"]["differing"])
 
 
 @pytest.mark.slow
