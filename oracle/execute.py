@@ -263,6 +263,7 @@ class ModeExecution:
 
     @property
     def _judges_invariance(self) -> bool:
+        """Invariant mode with invariance on: it replays the example database, searches and shrinks."""
         return self.mode == "invariant" and self.plan.config.checks.invariance.requirement != "off"
 
     def _n_prefill(self) -> int:
@@ -295,8 +296,8 @@ class ModeExecution:
                 self.engine.close()
             self.seconds = time.perf_counter() - t0
             self.observer.done()
-        if checks.cross_instance.requirement != "off" and checks.cross_instance.mode == self.mode \
-                and self._per_target:
+        second = checks.cross_instance
+        if second.requirement != "off" and second.mode == self.mode and self._per_target:
             with clock("second_instance"):
                 self._second_instance()
 
