@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,32 +106,48 @@ def same_logprob(a: float, b: float) -> bool:
     return f32_bits(a) == f32_bits(b) and math.isfinite(a)
 
 
+def _at(seq: Sequence[Any], i: int) -> Any:
+    """seq[i], None past its end."""
+    return seq[i] if i < len(seq) else None
+
+
+def _margin(c: Completion, i: int) -> float | None:
+    """The gap between step i's two most likely logits, where the engine reported them."""
+    if c.top2 and i < len(c.top2):
+        return float(c.top2[i][0] - c.top2[i][1])
+    return None
+
+
+def _step_divergence(expected: Completion, actual: Completion, i: int,
+                     first_token: int | None) -> Divergence | None:
+    """How step i differs (token, logprob bits, logits), None when every compared bit agrees."""
+    et, at = expected.token_ids[i], actual.token_ids[i]
+    el, al = expected.logprobs[i], actual.logprobs[i]
+    logits_same, max_abs = _logits_equal(expected, actual, i)
+    lp_same = same_logprob(el, al)
+    if et == at and lp_same and logits_same is not False:
+        return None
+    kind = "token" if et != at else ("logprob" if not lp_same else "logits")
+    return Divergence(
+        step=i, kind=kind, expected_token=et, actual_token=at, expected_logprob=el, actual_logprob=al,
+        # A ULP distance means something only between two logprobs of the same token.
+        ulp=ulp_distance(el, al) if et == at and math.isfinite(el) and math.isfinite(al) else None,
+        max_abs_logits_diff=max_abs, reference_margin=_margin(expected, i),
+        first_token_step=first_token,
+    )
+
+
 def first_divergence(expected: Completion, actual: Completion) -> Divergence | None:
     """Compare `actual` against `expected` step by step; None when every compared bit agrees."""
     n = min(len(expected.token_ids), len(actual.token_ids))
     first_token = next((i for i in range(n) if expected.token_ids[i] != actual.token_ids[i]), None)
     for i in range(n):
-        et, at = expected.token_ids[i], actual.token_ids[i]
-        el, al = expected.logprobs[i], actual.logprobs[i]
-        logits_same, max_abs = _logits_equal(expected, actual, i)
-        lp_same = same_logprob(el, al)
-        if et == at and lp_same and logits_same is not False:
-            continue
-        kind = "token" if et != at else ("logprob" if not lp_same else "logits")
-        margin = None
-        if expected.top2 and i < len(expected.top2):
-            margin = float(expected.top2[i][0] - expected.top2[i][1])
-        return Divergence(
-            step=i, kind=kind, expected_token=et, actual_token=at, expected_logprob=el, actual_logprob=al,
-            # A ULP distance means something only between two logprobs of the same token.
-            ulp=ulp_distance(el, al) if et == at and math.isfinite(el) and math.isfinite(al) else None,
-            max_abs_logits_diff=max_abs, reference_margin=margin,
-            first_token_step=first_token,
-        )
+        d = _step_divergence(expected, actual, i, first_token)
+        if d is not None:
+            return d
     if len(expected.token_ids) != len(actual.token_ids):
         return Divergence(
-            step=n, kind="length", expected_token=expected.token_ids[n] if n < len(expected.token_ids) else None,
-            actual_token=actual.token_ids[n] if n < len(actual.token_ids) else None,
+            step=n, kind="length", expected_token=_at(expected.token_ids, n), actual_token=_at(actual.token_ids, n),
             expected_logprob=None, actual_logprob=None, ulp=None, max_abs_logits_diff=None,
             reference_margin=None, first_token_step=first_token,
         )

@@ -67,6 +67,12 @@ def _size(t: Trial) -> tuple[int, ...]:
 MAX_ENTRY_BYTES = 4 << 20
 
 
+def _latest_arrival(schedule: Sequence[Trial]) -> int:
+    """The latest step any target or filler of the schedule arrives at (0 for none)."""
+    return max([0, *(f.arrival_step for t in schedule for f in t.fillers),
+                *(t.target_arrival_step for t in schedule)])
+
+
 @dataclass(frozen=True)
 class Limits:
     """The most a trial of this run can ask: the config's ranges, widened to what this run's own
@@ -90,8 +96,7 @@ class Limits:
         fillers = [f for t in schedule for f in t.fillers]
         budgets = [t.max_num_batched_tokens for t in schedule if t.max_num_batched_tokens is not None]
         return Limits(max(t.batch_size for t in schedule), max((f.length for f in fillers), default=0),
-                      max((f.max_tokens for f in fillers), default=0),
-                      max([0, *(f.arrival_step for f in fillers), *(t.target_arrival_step for t in schedule)]),
+                      max((f.max_tokens for f in fillers), default=0), _latest_arrival(schedule),
                       max(budgets) if budgets else None)
 
     def widened(self, other: Limits) -> Limits:

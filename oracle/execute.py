@@ -109,10 +109,7 @@ def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens
     the request and the step. Outputs that are not numbers cannot be judged, so no check may read
     them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.
     """
-    for r in requests:  # checked here, once for every engine (a request the config made: exit 2)
-        problem = request_problem(r)
-        if problem is not None:
-            raise ConfigError(f"request {r.request_id}: {problem}")
+    _check_requests(requests)
     if isinstance(engine, GuardedEngine):  # a hang's message names the phase of the run it stopped in
         engine.phase = phase_of([r.request_id for r in requests])
     try:
@@ -121,6 +118,20 @@ def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens
         raise
     except Exception as e:  # noqa: BLE001 - any engine failure becomes exit 3 with a partial report
         raise engine_error(e) from e
+    _check_outputs(engine, requests, out)
+    return out
+
+
+def _check_requests(requests: Sequence[Request]) -> None:
+    """Checked here, once for every engine: a request the config made (exit 2)."""
+    for r in requests:
+        problem = request_problem(r)
+        if problem is not None:
+            raise ConfigError(f"request {r.request_id}: {problem}")
+
+
+def _check_outputs(engine: Engine, requests: Sequence[Request], out: Any) -> None:
+    """One Completion per request, each a number the judge can read (exit 3 otherwise)."""
     if not isinstance(out, list):
         raise EngineError(f"engine generate() returned {type(out).__name__}, not a list of Completions")
     if len(out) != len(requests):
@@ -131,7 +142,6 @@ def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens
         if problem is not None:
             raise EngineError(f"{engine.mode} engine, request {r.request_id}: {problem}; "
                               "the model or server is broken (NaN/Inf weights, a truncated answer)")
-    return out
 
 
 def keep_rows(c: Completion, steps: Iterable[int | None] = ()) -> Completion:
@@ -250,62 +260,38 @@ class ModeExecution:
         self.repeats[trial.trial_id] = keep_rows(again, (d_rep,))
         self.trials[trial.trial_id] = keep_rows(first, (d_solo, d_rep))
 
+    @property
+    def _per_target(self) -> bool:
+        """A shard other than 0 leaves the per-target checks to shard 0; shards leave shrinking to the merge."""
+        return self.plan.shard is None or self.plan.shard.runs_per_target_checks
+
+    @property
+    def _judges_invariance(self) -> bool:
+        """Invariant mode with invariance on: it replays the example database, searches and shrinks."""
+        return self.mode == "invariant" and self.plan.config.checks.invariance.requirement != "off"
+
+    def _n_prefill(self) -> int:
+        """How many re-prefilled steps prefill_decode runs in this mode (0: none)."""
+        check = self.plan.config.checks.prefill_decode
+        if self.mode != "invariant" or check.requirement == "off" or not self._per_target:
+            return 0
+        return len(self.plan.targets) * check.steps
+
     def run(self) -> None:
-        cfg = self.plan.config
-        checks = cfg.checks
         plan = self.plan
-        invariant = self.mode == "invariant"
+        checks = plan.config.checks
         to_repeat = repeated_trials(plan)
-        n_repeat = len(to_repeat)
-        # A shard other than 0 leaves the per-target checks to shard 0; shards leave shrinking to the merge.
-        per_target = plan.shard is None or plan.shard.runs_per_target_checks
-        n_prefill = len(plan.targets) * checks.prefill_decode.steps
-        if not invariant or checks.prefill_decode.requirement == "off" or not per_target:
-            n_prefill = 0
-        searching = invariant and checks.invariance.requirement != "off"
-        replayed = plan.replayed if searching else ()  # failing trials of earlier runs, first
-        self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + n_repeat + n_prefill)
+        n_prefill = self._n_prefill()
+        replayed = plan.replayed if self._judges_invariance else ()  # failing trials of earlier runs, first
+        self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + len(to_repeat)
+                            + n_prefill)
         t0 = time.perf_counter()
         clock = self.clock.phase
         with clock("engine_start"):
             self.engine = self.build(self.mode)  # once per run and mode; trials reset its prefix cache (fresh)
             self.describe = self.engine.describe()
         try:
-            with clock("references"):
-                for i in range(len(plan.targets)):
-                    solo = fresh(self.engine, [solo_request(plan, i)])[0]
-                    self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
-                    self.observer.advance(0)
-            with clock("trials"):
-                for trial in replayed:
-                    self.divergent += self.diverges(trial)
-                    self.observer.advance(self.divergent)
-                repeated = {t.trial_id for t in to_repeat}
-                for trial in plan.trials:
-                    self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
-                    self.observer.advance(self.divergent)
-            if searching and cfg.schedule.search.trials:
-                with clock("search"):
-                    self._search()
-            with clock("repeats"):
-                for trial in to_repeat:
-                    self.run_repeat(trial)
-                    self.observer.advance(self.divergent)
-            if invariant and checks.invariance.requirement != "off" and plan.shard is None:
-                self.shrink_and_localize()
-            if not invariant and checks.drift.requirement != "off" and checks.drift.localize != "off":
-                if plan.shard is None:
-                    self.localize_drift()
-                else:  # the merge localizes invariance only: the map says why its trials name no op
-                    self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
-                                               "`oracle localize REPORT --trial N`)")
-            with clock("checks"):
-                if n_prefill:
-                    self._prefill_decode(checks.prefill_decode.steps)
-                if invariant and checks.prefix_cache.requirement != "off" and per_target:
-                    self._prefix_cache()
-                if invariant and checks.seeded_sampling.requirement != "off" and per_target:
-                    self._seeded_sampling()
+            self._run_phases(replayed, to_repeat, n_prefill)
         finally:
             # Again at the end: what an engine learns while running (which products took which path).
             with contextlib.suppress(Exception):  # an engine that died keeps its first description
@@ -314,12 +300,74 @@ class ModeExecution:
                 self.engine.close()
             self.seconds = time.perf_counter() - t0
             self.observer.done()
-        if checks.cross_instance.requirement != "off" and checks.cross_instance.mode == self.mode and per_target:
+        second = checks.cross_instance
+        if second.requirement != "off" and second.mode == self.mode and self._per_target:
             with clock("second_instance"):
                 self._second_instance()
         if invariant and checks.tp_parity.requirement != "off" and per_target:
             with clock("tp_parity"):
                 self._tp_parity()
+
+    def _run_phases(self, replayed: Sequence[Trial], to_repeat: Sequence[Trial], n_prefill: int) -> None:
+        """Everything run on the started engine, in order, each phase timed."""
+        clock = self.clock.phase
+        with clock("references"):
+            self._references()
+        with clock("trials"):
+            self._run_trials(replayed, to_repeat)
+        if self._judges_invariance and self.plan.config.schedule.search.trials:
+            with clock("search"):
+                self._search()
+        with clock("repeats"):
+            for trial in to_repeat:
+                self.run_repeat(trial)
+                self.observer.advance(self.divergent)
+        self._localize_failures()
+        with clock("checks"):
+            self._per_target_checks(n_prefill)
+
+    def _references(self) -> None:
+        """Every target alone: the solo run each trial is compared with."""
+        assert self.engine is not None
+        for i in range(len(self.plan.targets)):
+            solo = fresh(self.engine, [solo_request(self.plan, i)])[0]
+            self.solo[i] = keep_rows(solo, range(len(solo.token_ids)))  # every row: fidelity's KL reads them
+            self.observer.advance(0)
+
+    def _run_trials(self, replayed: Sequence[Trial], to_repeat: Sequence[Trial]) -> None:
+        """The replayed trials, then the schedule's (those to repeat keep what their repeat compares)."""
+        for trial in replayed:
+            self.divergent += self.diverges(trial)
+            self.observer.advance(self.divergent)
+        repeated = {t.trial_id for t in to_repeat}
+        for trial in self.plan.trials:
+            self.divergent += self.diverges(trial, repeated=trial.trial_id in repeated)
+            self.observer.advance(self.divergent)
+
+    def _localize_failures(self) -> None:
+        """Invariant mode shrinks and localizes its first failure; production localizes drift (unsharded)."""
+        checks = self.plan.config.checks
+        if self._judges_invariance and self.plan.shard is None:
+            self.shrink_and_localize()
+        if self.mode == "invariant" or checks.drift.requirement == "off" or checks.drift.localize == "off":
+            return
+        if self.plan.shard is None:
+            self.localize_drift()
+        else:  # the merge localizes invariance only: the map says why its trials name no op
+            self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
+                                       "`oracle localize REPORT --trial N`)")
+
+    def _per_target_checks(self, n_prefill: int) -> None:
+        """The checks that rerun targets on their own: prefill_decode, prefix_cache, seeded_sampling."""
+        checks = self.plan.config.checks
+        if n_prefill:
+            self._prefill_decode(checks.prefill_decode.steps)
+        if self.mode != "invariant" or not self._per_target:
+            return
+        if checks.prefix_cache.requirement != "off":
+            self._prefix_cache()
+        if checks.seeded_sampling.requirement != "off":
+            self._seeded_sampling()
 
     def _failing(self) -> list[Trial]:
         """Failing trials in the order they ran: replayed from the example database, schedule, search."""
@@ -456,15 +504,8 @@ class ModeExecution:
         rng = random.Random(f"seeded_sampling/{plan.seed}")
         targets = tuple(t for t in range(min(cfg.targets, len(plan.targets))) for _ in (0, 1))
         for v, var in enumerate(cfg.variants):
-            seeds: list[int] = []
-            while len(seeds) < len(targets):
-                seed = rng.randrange(2**31)
-                if seed not in seeds:
-                    seeds.append(seed)
-            reqs = [Request(f"sampled-v{v}-{j}-{plan.targets[t].name}", plan.targets[t].token_ids,
-                            SamplingParams(plan.config.sampling.max_tokens, var.temperature, seed,
-                                           plan.config.sampling.logits, var.top_p, var.top_k))
-                    for j, (t, seed) in enumerate(zip(targets, seeds, strict=True))]
+            seeds = _distinct_seeds(rng, len(targets))
+            reqs = _sampled_requests(plan, v, var, targets, seeds)
             try:
                 solo = [fresh(self.engine, [r])[0] for r in reqs]
             except ConfigError as e:  # an engine that only decodes greedily says so
@@ -540,6 +581,24 @@ class ModeExecution:
             req = Request(f"prefill-{target.name}-{i}", target.token_ids + tuple(self.solo[t].token_ids[:i]),
                           target_sampling(self.plan.config, 1))
             self._localize(("prefill", t, i), RunSpec((solo_request(self.plan, t),), 0), RunSpec((req,), 0))
+
+
+def _sampled_requests(plan: Plan, v: int, var: Any, targets: Sequence[int], seeds: Sequence[int]) -> list[Request]:
+    """Variant v's requests: target j under seed j, with the variant's temperature, top-p and top-k."""
+    return [Request(f"sampled-v{v}-{j}-{plan.targets[t].name}", plan.targets[t].token_ids,
+                    SamplingParams(plan.config.sampling.max_tokens, var.temperature, seed,
+                                   plan.config.sampling.logits, var.top_p, var.top_k))
+            for j, (t, seed) in enumerate(zip(targets, seeds, strict=True))]
+
+
+def _distinct_seeds(rng: random.Random, n: int) -> list[int]:
+    """n different seeds, drawn in order from `rng`."""
+    seeds: list[int] = []
+    while len(seeds) < n:
+        seed = rng.randrange(2**31)
+        if seed not in seeds:
+            seeds.append(seed)
+    return seeds
 
 
 def repeated_trials(plan: Plan) -> tuple[Trial, ...]:

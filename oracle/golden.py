@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,28 +102,40 @@ def environment_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = 
     return changes
 
 
+def _prompt_digest(token_ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()
+
+
+def _first_changed_step(pinned: Sequence[Any], now: Sequence[Any]) -> int | None:
+    """The first step whose digest differs, else where the shorter run ends; None when both agree whole."""
+    step = next((i for i, (a, b) in enumerate(zip(pinned, now, strict=False)) if a != b), None)
+    if step is None and len(now) != len(pinned):
+        step = min(len(now), len(pinned))
+    return step
+
+
+def _target_diff(name: str, c: Completion, g: Mapping[str, Any] | None,
+                 prompts: Mapping[str, Sequence[int]]) -> dict[str, Any] | None:
+    """How one target differs from its golden entry, None when it does not."""
+    if g is None:
+        return {"target": name, "problem": "not in the golden file"}
+    if g["prompt_sha256"] != _prompt_digest(prompts[name]):
+        return {"target": name, "problem": "prompt differs from the golden file's"}
+    now = step_digests(c)
+    step = _first_changed_step(g["steps"], now)
+    if step is None:
+        return None
+    tokens_differ = step >= len(now) or step >= len(g["token_ids"]) or g["token_ids"][step] != c.token_ids[step]
+    return {"target": name, "step": step, "tokens_differ": bool(tokens_differ),
+            "expected_token": g["token_ids"][step] if step < len(g["token_ids"]) else None,
+            "actual_token": c.token_ids[step] if step < len(c.token_ids) else None}
+
+
 def compare_golden(golden: dict[str, Any], references: dict[str, Completion],
                    prompts: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
     """Per target that differs: its first differing step and whether the tokens differ there."""
-    diffs: list[dict[str, Any]] = []
-    for name, c in references.items():
-        g = golden["targets"].get(name)
-        if g is None:
-            diffs.append({"target": name, "problem": "not in the golden file"})
-            continue
-        if g["prompt_sha256"] != hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest():
-            diffs.append({"target": name, "problem": "prompt differs from the golden file's"})
-            continue
-        now = step_digests(c)
-        step = next((i for i, (a, b) in enumerate(zip(g["steps"], now, strict=False)) if a != b), None)
-        if step is None and len(now) != len(g["steps"]):
-            step = min(len(now), len(g["steps"]))
-        if step is not None:
-            tokens_differ = step >= len(now) or step >= len(g["token_ids"]) or g["token_ids"][step] != c.token_ids[step]
-            diffs.append({"target": name, "step": step, "tokens_differ": bool(tokens_differ),
-                          "expected_token": g["token_ids"][step] if step < len(g["token_ids"]) else None,
-                          "actual_token": c.token_ids[step] if step < len(c.token_ids) else None})
-    return diffs
+    found = (_target_diff(name, c, golden["targets"].get(name), prompts) for name, c in references.items())
+    return [d for d in found if d is not None]
 
 
 def pin_variance_map(golden_file: Path, report: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
 from oracle.engines.contract import Completion, Mode, StepEvidence
 from oracle.engines.kinds import known_row
-from oracle.execute import ModeResult
+from oracle.execute import InstanceRun, ModeResult
 from oracle.posture.probes import probe_hits
 from oracle.prompts import Target
 from oracle.report import (
@@ -127,12 +127,9 @@ def _cause(result: ModeResult, trial_id: int, actual: Completion) -> Cause:
     return "batch"
 
 
-def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
-    """Every scheduled trial's target vs that target's solo run in the same mode, bitwise."""
-    result = runs.mode(mode)
-    assert result is not None
-    scheduled = {tid: c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"}
-    ev = batch_evidence(runs, scheduled)
+def _solo_divergences(runs: Runs, name: str, mode: str, result: ModeResult,
+                      scheduled: Mapping[int, Completion]) -> list[DivergenceRecord]:
+    """A record for each scheduled trial whose target differs from its solo run (bitwise)."""
     recs: list[DivergenceRecord] = []
     for tid, actual in scheduled.items():
         trial = runs.trials[tid]
@@ -142,23 +139,46 @@ def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
         if d is not None:
             recs.append(record(runs, name, mode, trial, trial.target, actual, d, _cause(result, tid, actual),
                                result.localized.get(tid)))
+    return recs
+
+
+def _divergence_evidence(recs: Sequence[DivergenceRecord], n: int) -> dict[str, Any]:
+    """Where and how far the divergent trials of n left their solo runs."""
+    token_steps = [r.first_token_step for r in recs if r.first_token_step is not None]
+    return {
+        "divergent_fraction": len(recs) / n,
+        "first_divergence_steps": {str(k): v for k, v in sorted(Counter(r.step for r in recs).items())},
+        "first_token_divergence_steps": {str(k): v for k, v in sorted(Counter(token_steps).items())},
+        "token_divergences": len(token_steps),
+        "max_ulp": max((r.ulp or 0) for r in recs),
+        "nondeterministic": sum(r.cause == "nondeterminism" for r in recs),
+    }
+
+
+def against_solo(runs: Runs, name: str, requirement: str, mode: str) -> Judged:
+    """Every scheduled trial's target vs that target's solo run in the same mode, bitwise."""
+    result = runs.mode(mode)
+    assert result is not None
+    scheduled = {tid: c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"}
+    ev = batch_evidence(runs, scheduled)
+    recs = _solo_divergences(runs, name, mode, result, scheduled)
     n = len(scheduled)
     if recs:
-        token_steps = [r.first_token_step for r in recs if r.first_token_step is not None]
-        ev.update({
-            "divergent_fraction": len(recs) / n,
-            "first_divergence_steps": {str(k): v for k, v in sorted(Counter(r.step for r in recs).items())},
-            "first_token_divergence_steps": {str(k): v for k, v in sorted(Counter(token_steps).items())},
-            "token_divergences": len(token_steps),
-            "max_ulp": max((r.ulp or 0) for r in recs),
-            "nondeterministic": sum(r.cause == "nondeterminism" for r in recs),
-        })
+        ev.update(_divergence_evidence(recs, n))
     if name == "drift":
         return _drift_verdict(runs, requirement, ev, recs, n)
-    shrunk = _shrink_evidence(runs, result, ev) if name == "invariance" else []
-    if name == "invariance" and result.localize_notes:
-        ev["localize_notes"] = list(result.localize_notes)
-    recs += shrunk
+    shrunk: list[DivergenceRecord] = []
+    if name == "invariance":
+        shrunk = _shrink_evidence(runs, result, ev)
+        if result.localize_notes:
+            ev["localize_notes"] = list(result.localize_notes)
+    return _solo_verdict(runs, name, requirement, ev, recs + shrunk, shrunk, n)
+
+
+def _solo_verdict(runs: Runs, name: str, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
+                  shrunk: list[DivergenceRecord], n: int) -> Judged:
+    """Failed on any divergence (or a shrunk one); vacuous when nothing ran, nothing batched, or a matched
+    hazard went untested (invariance); else passed."""
     if n == 0:
         return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
                                   message="no trial completed"), tuple(recs))
@@ -222,24 +242,23 @@ def untested_hazards(runs: Runs) -> dict[str, str]:
             if isinstance(h, Mapping) and h.get("match") == "matches" and not _hazard_crossings(runs, h)}
 
 
+def _hazard_record(runs: Runs, h: Mapping[str, Any]) -> HazardProbesRecord:
+    labels = [str(p) for p in h.get("probes") or ()]
+    crossed_by = _hazard_crossings(runs, h)
+    planned = sorted({t.probe for t in runs.trials.values() if t.probe.partition(":")[0] in labels})
+    return HazardProbesRecord(
+        id=str(h.get("id")), match=h.get("match", "possible"), threshold=str(h.get("threshold", "")),
+        probes=labels, sides=planned, crossed_by=crossed_by,
+        not_formed=[ProbeNotFormed(probe=side, limit=limit) for side, limit in runs.unformed_probes
+                    if side.partition(":")[0] in labels],
+        untested="" if crossed_by or runs.inv is None else _untested_why(runs, h))
+
+
 def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[HazardProbesRecord]:
     """Per known hazard the run matched: its probes, the trials that crossed its threshold, the probe sides the
     engine's limits ruled out, and why it went untested (the report's `hazard_probes`)."""
     runs = replace(runs, unformed_probes=tuple(unformed))
-    out = []
-    for h in runs.environment.get("hazards") or ():
-        if not isinstance(h, Mapping):
-            continue
-        labels = [str(p) for p in h.get("probes") or ()]
-        crossed_by = _hazard_crossings(runs, h)
-        planned = sorted({t.probe for t in runs.trials.values() if t.probe.partition(":")[0] in labels})
-        out.append(HazardProbesRecord(
-            id=str(h.get("id")), match=h.get("match", "possible"), threshold=str(h.get("threshold", "")),
-            probes=labels, sides=planned, crossed_by=crossed_by,
-            not_formed=[ProbeNotFormed(probe=side, limit=limit) for side, limit in unformed
-                        if side.partition(":")[0] in labels],
-            untested="" if crossed_by or runs.inv is None else _untested_why(runs, h)))
-    return out
+    return [_hazard_record(runs, h) for h in runs.environment.get("hazards") or () if isinstance(h, Mapping)]
 
 
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
@@ -282,20 +301,28 @@ def _shrink_evidence(runs: Runs, result: ModeResult, ev: dict[str, Any]) -> list
                    result.localized.get(t.trial_id), shrunk=True, minimal=s.minimal)]
 
 
-def _drift_verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
-                   n: int) -> Judged:
+def _drift_over(runs: Runs, ev: Mapping[str, Any], recs: Sequence[DivergenceRecord], n: int) -> list[str]:
+    """The drift gates (checks.drift) the production trials went past."""
     cfg = runs.config.checks.drift
-    msg = (f"{len(recs)} of {n} production trials diverged from production solo" if recs
-           else f"no production divergence in {n} trials")
     over = []
     if n and cfg.max_divergent_fraction is not None and len(recs) / n > cfg.max_divergent_fraction:
         over.append(f"divergent fraction {len(recs) / n:.3f} > {cfg.max_divergent_fraction}")
-    if cfg.max_ulp is not None and recs and ev["max_ulp"] > cfg.max_ulp:
+    if cfg.max_ulp is None:
+        return over
+    if recs and ev["max_ulp"] > cfg.max_ulp:
         over.append(f"max ULP {ev['max_ulp']} > {cfg.max_ulp}")
     # A different token or length has no ULP distance (`max_ulp` counts it as 0): it is past any ULP gate.
     unmeasured = sum(r.ulp is None for r in recs)
-    if cfg.max_ulp is not None and unmeasured:
+    if unmeasured:
         over.append(f"{unmeasured} past any max ULP (a different token or length)")
+    return over
+
+
+def _drift_verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
+                   n: int) -> Judged:
+    msg = (f"{len(recs)} of {n} production trials diverged from production solo" if recs
+           else f"no production divergence in {n} trials")
+    over = _drift_over(runs, ev, recs, n)
     if over:
         return Judged(CheckResult.failed("drift", requirement, trials=n,
                                   divergent=len(recs), evidence=ev, message=msg + "; " + "; ".join(over)),
@@ -338,41 +365,60 @@ def repeatability(runs: Runs, requirement: str) -> Judged:
                               message=f"{n} repeated trials bitwise equal"))
 
 
+def _fidelity_gaps(name: str, ref: Completion, ours: Completion,
+                   near_tie: float) -> tuple[list[str], list[float], list[float]]:
+    """One target's invariant solo run against its production solo run: (problems, the finite |logprob|
+    differences, the finite per-step KLs), up to the first token flip past a near tie."""
+    problems: list[str] = []
+    lp_diffs: list[float] = []
+    kls: list[float] = []
+    if len(ref.token_ids) != len(ours.token_ids):
+        problems.append(f"{name}: {len(ours.token_ids)} tokens in invariant mode, {len(ref.token_ids)} in "
+                        "production")
+    for i in range(min(len(ref.token_ids), len(ours.token_ids))):
+        if ref.token_ids[i] != ours.token_ids[i]:
+            margin = ref.top2[i][0] - ref.top2[i][1] if ref.top2 else None
+            if not within(margin, near_tie, strict=True):  # a NaN margin is no near tie
+                problems.append(f"{name} step {i}: token {ours.token_ids[i]} vs "
+                                f"{ref.token_ids[i]} at margin {margin}")
+            break  # after a token flip the continuations are different texts
+        lp_diff = abs(ref.logprobs[i] - ours.logprobs[i])
+        if not math.isfinite(lp_diff):  # never folded into the max: max(0.0, nan) is 0.0
+            problems.append(f"{name} step {i}: logprob {ours.logprobs[i]} vs {ref.logprobs[i]} is not finite")
+        else:
+            lp_diffs.append(lp_diff)
+        if _row(ref, i) is not None and _row(ours, i) is not None:
+            kl = _kl(_row(ref, i), _row(ours, i))
+            if not math.isfinite(kl):
+                problems.append(f"{name} step {i}: KL {kl} is not finite")
+            else:
+                kls.append(kl)
+    return problems, lp_diffs, kls
+
+
+def _both_solo(runs: Runs) -> list[tuple[int, Completion, Completion]]:
+    """(target, production solo, invariant solo) for each target that ran alone in both modes."""
+    inv, prod = runs.inv, runs.prod
+    if prod is None or inv is None:
+        return []
+    return [(t, ref, inv.solo[t]) for t, ref in prod.solo.items() if t in inv.solo]
+
+
 def fidelity(runs: Runs, requirement: str) -> Judged:
     """Invariant solo vs production solo: tokens agree except at near ties; logprob diff and KL bounded."""
     cfg = runs.config.checks.fidelity
-    inv, prod = runs.inv, runs.prod
-    max_lp = 0.0
-    max_kl: float | None = None
     problems: list[str] = []
-    n = 0
-    for t, ref in (prod.solo.items() if prod and inv else ()):
-        if t not in inv.solo:  # type: ignore[union-attr]
-            continue
-        n += 1
-        ours = inv.solo[t]  # type: ignore[union-attr]
-        name = runs.targets[t].name
-        if len(ref.token_ids) != len(ours.token_ids):
-            problems.append(f"{name}: {len(ours.token_ids)} tokens in invariant mode, {len(ref.token_ids)} in "
-                            "production")
-        for i in range(min(len(ref.token_ids), len(ours.token_ids))):
-            if ref.token_ids[i] != ours.token_ids[i]:
-                margin = ref.top2[i][0] - ref.top2[i][1] if ref.top2 else None
-                if not within(margin, cfg.near_tie, strict=True):  # a NaN margin is no near tie
-                    problems.append(f"{name} step {i}: token {ours.token_ids[i]} vs "
-                                    f"{ref.token_ids[i]} at margin {margin}")
-                break  # after a token flip the continuations are different texts
-            lp_diff = abs(ref.logprobs[i] - ours.logprobs[i])
-            if not math.isfinite(lp_diff):  # never folded into the max: max(0.0, nan) is 0.0
-                problems.append(f"{name} step {i}: logprob {ours.logprobs[i]} vs {ref.logprobs[i]} is not finite")
-            else:
-                max_lp = max(max_lp, lp_diff)
-            if _row(ref, i) is not None and _row(ours, i) is not None:
-                kl = _kl(_row(ref, i), _row(ours, i))
-                if not math.isfinite(kl):
-                    problems.append(f"{name} step {i}: KL {kl} is not finite")
-                else:
-                    max_kl = max(max_kl or 0.0, kl)
+    lp_diffs: list[float] = []
+    kls: list[float] = []
+    both = _both_solo(runs)
+    n = len(both)
+    for t, ref, ours in both:
+        found, lps, ks = _fidelity_gaps(runs.targets[t].name, ref, ours, cfg.near_tie)
+        problems += found
+        lp_diffs += lps
+        kls += ks
+    max_lp = max([0.0, *lp_diffs])
+    max_kl = max([0.0, *kls]) if kls else None
     ev = {"targets": n, "max_abs_logprob_diff": max_lp, "max_kl": max_kl,
           "tolerances": {"logprob": cfg.max_logprob_diff, "kl": cfg.max_kl, "near_tie": cfg.near_tie}}
     if not within(max_lp, cfg.max_logprob_diff):
@@ -426,21 +472,34 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
                               message=f"{n} generated steps bitwise equal when their prefix is prefilled again"))
 
 
+def _max_cached(c: Completion) -> int:
+    """The most prompt tokens any of the completion's passes read from the prefix cache."""
+    return max((e.num_cached_tokens for e in c.evidence), default=0)
+
+
+def _prefix_divergences(runs: Runs, inv: ModeResult) -> list[DivergenceRecord]:
+    """A record for each target whose warm run differs from its cold run (bitwise)."""
+    return [record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
+                   inv.localized.get(("prefix", t)), num_cached_tokens=_max_cached(warm))
+            for t, (cold, warm) in inv.prefix.items() if (d := first_divergence(cold, warm)) is not None]
+
+
+def _no_hit_message(runs: Runs, inv: ModeResult) -> str:
+    """Why no warm run hit the prefix cache: the engine's note, else a hint from its row."""
+    if inv.prefix_note:
+        return inv.prefix_note
+    row = known_row(runs.config.engine.kind)
+    return "no warm run hit the prefix cache" + (row.prefix_cache_hint if row is not None else "")
+
+
 def prefix_cache(runs: Runs, requirement: str) -> Judged:
     """A target run with its prefix cached (warm) == the same target run cold, bitwise."""
     inv = runs.inv
     assert inv is not None
-    recs: list[DivergenceRecord] = []
-    hits = 0
-    for t, (cold, warm) in inv.prefix.items():
-        cached = max((e.num_cached_tokens for e in warm.evidence), default=0)
-        hits += cached > 0
-        d = first_divergence(cold, warm)
-        if d is not None:
-            recs.append(record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
-                               inv.localized.get(("prefix", t)), num_cached_tokens=cached))
+    recs = _prefix_divergences(runs, inv)
     n = len(inv.prefix)
-    cold_hits = sum(max((e.num_cached_tokens for e in cold.evidence), default=0) > 0 for cold, _ in inv.prefix.values())
+    hits = sum(_max_cached(warm) > 0 for _, warm in inv.prefix.values())
+    cold_hits = sum(_max_cached(cold) > 0 for cold, _ in inv.prefix.values())
     ev = {"targets": n, "warm_runs_with_cache_hits": hits, "cold_runs_with_cache_hits": cold_hits}
     if cold_hits:  # the reset did not empty the cache: no run here was cold, so warm vs cold says nothing
         return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
@@ -451,12 +510,8 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
         return Judged(CheckResult.skipped("prefix_cache", requirement, trials=0,
                                   evidence=ev, message=inv.prefix_note))
     if n == 0 or hits == 0:
-        message = inv.prefix_note or "no warm run hit the prefix cache"
-        if not inv.prefix_note:
-            row = known_row(runs.config.engine.kind)
-            message += row.prefix_cache_hint if row is not None else ""
         return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
-                                  evidence=ev, message=message))
+                                  evidence=ev, message=_no_hit_message(runs, inv)))
     if recs:
         return Judged(CheckResult.failed("prefix_cache", requirement, trials=n,
                                   divergent=len(recs), evidence=ev,
@@ -465,17 +520,34 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
                               message=f"{n} warm runs ({hits} with cache hits) bitwise equal to cold"))
 
 
+# Environment fields a golden file does not pin: where the model sits, the schedule's size, production's side.
+_GOLDEN_UNPINNED = ("model_dir", "trials", "targets", "target_names", "engines.production",
+                    "posture.modes.production", "posture.digests.production", "posture.digest")
+
+
+def _golden_environment_changes(runs: Runs, pinned: Mapping[str, Any]) -> dict[str, Any]:
+    """What changed in the environment since the golden file was written, in the fields it pins."""
+    from oracle.golden import environment_changes
+
+    changed = environment_changes(pinned.get("environment", {}), dict(runs.environment))
+    return {k: v for k, v in changed.items() if not k.startswith(_GOLDEN_UNPINNED)}
+
+
+def _golden_diff_message(differing: int, n: int, changed: Mapping[str, Any], map_note: str) -> str:
+    """How many targets left the golden file, and the first environment changes that might say why."""
+    what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
+    return (f"{differing} of {n} targets differ from the golden file; "
+            f"changed: {what}" + (f"; variance map: {map_note}" if map_note else ""))
+
+
 def golden(runs: Runs, requirement: str) -> Judged:
-    from oracle.golden import compare_golden, environment_changes
+    from oracle.golden import compare_golden
 
     assert runs.inv is not None and runs.golden is not None
     refs = {runs.targets[i].name: c for i, c in runs.inv.solo.items()}
     prompts = {t.name: t.token_ids for t in runs.targets}
     diffs = compare_golden(dict(runs.golden), refs, prompts)
-    changed = environment_changes(runs.golden.get("environment", {}), dict(runs.environment))
-    changed = {k: v for k, v in changed.items()
-               if not k.startswith(("model_dir", "trials", "targets", "target_names", "engines.production",
-                                    "posture.modes.production", "posture.digests.production", "posture.digest"))}
+    changed = _golden_environment_changes(runs, runs.golden)
     ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed,
           "config_digest": {"golden": runs.golden.get("config_digest"), "now": runs.config.digest()},
           "posture_digest": {"golden": runs.golden.get("posture_digest"),
@@ -489,11 +561,9 @@ def golden(runs: Runs, requirement: str) -> Judged:
                                   evidence=ev, message=f"{len(refs)} targets bitwise equal to the golden file, but "
                                                        f"production's variance map changed: {map_note}"))
     if diffs:
-        what = ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in list(changed.items())[:4]) or "nothing recorded"
         return Judged(CheckResult.failed("golden", requirement, trials=len(refs),
                                   divergent=len(diffs), evidence=ev,
-                                  message=f"{len(diffs)} of {len(refs)} targets differ from the golden file; "
-                                          f"changed: {what}" + (f"; variance map: {map_note}" if map_note else "")))
+                                  message=_golden_diff_message(len(diffs), len(refs), changed, map_note)))
     return Judged(CheckResult.passed("golden", requirement, trials=len(refs), evidence=ev,
                               message=f"{len(refs)} targets bitwise equal to the golden file"))
 
@@ -518,6 +588,47 @@ def _golden_map(runs: Runs, ev: dict[str, Any]) -> str:
     return "; ".join(added)
 
 
+def _round_divergences(runs: Runs, rnd: Any, sampling: dict[str, Any]) -> list[DivergenceRecord]:
+    """A record for each request of one sampled round that differs between alone and a batch layout."""
+    recs: list[DivergenceRecord] = []
+    for j, t in enumerate(rnd.targets):
+        for b, batch in enumerate(rnd.batches):
+            d = first_divergence(rnd.solo[j], batch[j])
+            if d is not None:
+                recs.append(record(runs, "seeded_sampling", "invariant", None, t, batch[j], d, "sampling",
+                                   seed=rnd.seeds[j], sampling=sampling, layout=_LAYOUTS[b],
+                                   batch=len(rnd.targets)))
+    return recs
+
+
+def _shared_noise(rnd: Any) -> tuple[int, int]:
+    """(pairs of one prompt whose seeds gave different tokens alone, those of them identical in some batch)."""
+    n = len(rnd.targets)
+    sensitive = [(j, k) for j in range(n) for k in range(j + 1, n)
+                 if rnd.targets[j] == rnd.targets[k] and rnd.solo[j].token_ids != rnd.solo[k].token_ids]
+    shared = sum(any(batch[j].token_ids == batch[k].token_ids for batch in rnd.batches) for j, k in sensitive)
+    return len(sensitive), shared
+
+
+def _sampling_evidence(runs: Runs, inv: ModeResult) -> tuple[list[DivergenceRecord], dict[str, Any]]:
+    """Every sampled round's divergences, and the counts seeded_sampling judges by."""
+    variants = runs.config.checks.seeded_sampling.variants
+    recs: list[DivergenceRecord] = []
+    compared = sensitive = shared = 0
+    for rnd in inv.sampled:
+        var = variants[rnd.variant].model_dump() if rnd.variant < len(variants) else {}
+        recs += _round_divergences(runs, rnd, var)
+        compared += len(rnd.targets) * len(rnd.batches)
+        pairs, same = _shared_noise(rnd)
+        sensitive += pairs
+        shared += same
+    batched = sum(c.max_batch >= 2 for rnd in inv.sampled for b in rnd.batches for c in b)
+    return recs, {"variants": [v.model_dump() for v in variants], "requests_compared": compared,
+                  "requests_batched": batched,
+                  "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
+                  "seeds": [list(r.seeds) for r in inv.sampled]}
+
+
 def seeded_sampling(runs: Runs, requirement: str) -> Judged:
     """Seeded sampling (temperature > 0, top-p / top-k): each request under its own seed, in every batch
     layout, == the same request alone, bitwise (tokens, logprob bits, logits rows or digests). Two requests
@@ -525,42 +636,15 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
     seed shared by the batch (vLLM #50440), reported as `shared noise`."""
     inv = runs.inv
     assert inv is not None
-    variants = runs.config.checks.seeded_sampling.variants
-    recs: list[DivergenceRecord] = []
-    compared = sensitive = shared = 0
-    for rnd in inv.sampled:
-        var = variants[rnd.variant].model_dump() if rnd.variant < len(variants) else {}
-        for j, t in enumerate(rnd.targets):
-            for b, batch in enumerate(rnd.batches):
-                compared += 1
-                d = first_divergence(rnd.solo[j], batch[j])
-                if d is not None:
-                    recs.append(record(runs, "seeded_sampling", "invariant", None, t, batch[j], d, "sampling",
-                                       seed=rnd.seeds[j], sampling=var, layout=_LAYOUTS[b],
-                                       batch=len(rnd.targets)))
-        for j in range(len(rnd.targets)):
-            for k in range(j + 1, len(rnd.targets)):
-                if rnd.targets[j] != rnd.targets[k] or rnd.solo[j].token_ids == rnd.solo[k].token_ids:
-                    continue
-                sensitive += 1
-                shared += any(batch[j].token_ids == batch[k].token_ids for batch in rnd.batches)
-    batched = sum(c.max_batch >= 2 for rnd in inv.sampled for b in rnd.batches for c in b)
-    ev = {"variants": [v.model_dump() for v in variants], "requests_compared": compared,
-          "requests_batched": batched,
-          "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
-          "seeds": [list(r.seeds) for r in inv.sampled]}
+    recs, ev = _sampling_evidence(runs, inv)
+    compared, sensitive, shared = (ev["requests_compared"], ev["seed_pairs_that_differ_alone"],
+                                   ev["seed_pairs_identical_in_a_batch"])
     if not inv.sampled:
         return Judged(CheckResult.vacuous("seeded_sampling", requirement, evidence=ev,
                                   message=inv.sampling_note or "nothing was sampled"))
     if recs or shared:
-        parts = [f"{len(recs)} of {compared} sampled requests differ between alone and in a batch"]
-        if shared:
-            parts.append(f"{shared} pairs of requests with different seeds got the same tokens in one batch: "
-                         "the batch shares one seed's noise")
-        return Judged(CheckResult.failed("seeded_sampling", requirement, trials=compared,
-                                  divergent=len(recs) or shared, evidence=ev, message="; ".join(parts)),
-                      tuple(recs))
-    if batched == 0:  # the "batched" requests never shared a pass: nothing was tested
+        return _sampling_failure(requirement, ev, recs, compared, shared)
+    if ev["requests_batched"] == 0:  # the "batched" requests never shared a pass: nothing was tested
         return Judged(CheckResult.vacuous("seeded_sampling", requirement, trials=compared, evidence=ev,
                                   message="no sampled request shared a forward pass with another"))
     if sensitive == 0:
@@ -572,7 +656,29 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
                                                    f"batch; {sensitive} seed pairs kept their own noise"))
 
 
+def _sampling_failure(requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord], compared: int,
+                      shared: int) -> Judged:
+    parts = [f"{len(recs)} of {compared} sampled requests differ between alone and in a batch"]
+    if shared:
+        parts.append(f"{shared} pairs of requests with different seeds got the same tokens in one batch: "
+                     "the batch shares one seed's noise")
+    return Judged(CheckResult.failed("seeded_sampling", requirement, trials=compared,
+                              divergent=len(recs) or shared, evidence=ev, message="; ".join(parts)),
+                  tuple(recs))
+
+
 _LAYOUTS = ("in order", "reversed")
+
+
+def _instance_pairs(runs: Runs, first: ModeResult,
+                    second: InstanceRun) -> list[tuple[Trial | None, int, Completion, Completion]]:
+    """(trial or None for a reference, target, the first instance's completion, the second's) for every run
+    both instances completed: the references first, then the trials."""
+    pairs: list[tuple[Trial | None, int, Completion, Completion]] = [
+        (None, t, first.solo[t], c) for t, c in second.solo.items() if t in first.solo]
+    pairs += [(runs.trials[i], runs.trials[i].target, first.trials[i], c) for i, c in second.trials.items()
+              if i in first.trials and i in runs.trials]
+    return pairs
 
 
 def cross_instance(runs: Runs, requirement: str) -> Judged:
@@ -585,23 +691,15 @@ def cross_instance(runs: Runs, requirement: str) -> Judged:
         return Judged(CheckResult.vacuous(name, requirement, message=f"no second {mode} instance ran"))
     second = first.instance
     ev: dict[str, Any] = {"mode": mode, "references": len(second.solo), "trials": len(second.trials)}
-    same = [k for k in ("base_url",) if k in first.engine and first.engine.get(k) == second.engine.get(k)]
-    if same:
+    if "base_url" in first.engine and first.engine.get("base_url") == second.engine.get("base_url"):
         ev["same_server"] = first.engine["base_url"]
         return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
                                   message=f"both instances are the server at {first.engine['base_url']}; give the "
                                           f"mode a list of URLs (engine.options.base_url.{mode}: [URL, URL]) or "
                                           "a command that starts one"))
-    recs: list[DivergenceRecord] = []
-    pairs: list[tuple[Trial | None, int, Completion, Completion]] = [
-        (None, t, first.solo[t], c) for t, c in second.solo.items() if t in first.solo]
-    pairs += [(runs.trials[i], runs.trials[i].target, first.trials[i], c) for i, c in second.trials.items()
-              if i in first.trials and i in runs.trials]
-    for trial, t, a, b in pairs:
-        d = first_divergence(a, b)
-        if d is not None:
-            recs.append(record(runs, name, mode, trial, t, b, d, "instance",
-                               reference=trial is None))
+    pairs = _instance_pairs(runs, first, second)
+    recs = [record(runs, name, mode, trial, t, b, d, "instance", reference=trial is None)
+            for trial, t, a, b in pairs if (d := first_divergence(a, b)) is not None]
     n = len(pairs)
     if n == 0:
         return Judged(CheckResult.vacuous(name, requirement, evidence=ev,
@@ -726,6 +824,50 @@ def _bucket(n: int, edges: Iterable[int]) -> str:
 
 _ORIGIN_HITS = {"search": ("search trials run",), "database": ("trials replayed from the example database",)}
 
+# What a trial's target met, read from the trial and its completion: (condition, hit(trial, completion, the
+# passes the target shared with another sequence)). Every condition is listed in coverage, hit or not.
+_Condition = Callable[[Trial, Completion, list[StepEvidence]], bool]
+_CONDITIONS: tuple[tuple[str, _Condition], ...] = (
+    ("target shared a pass", lambda t, c, shared: bool(shared)),
+    ("target first in batch", lambda t, c, shared: t.batch_size > 1 and t.position == 0),
+    ("target in the middle of the batch",
+     lambda t, c, shared: t.batch_size > 1 and t.position not in (0, t.batch_size - 1)),
+    ("target last in batch", lambda t, c, shared: t.batch_size > 1 and t.position == t.batch_size - 1),
+    ("mixed prefill+decode pass",
+     lambda t, c, shared: any(e.num_prefill_tokens and e.num_decode_tokens for e in shared)),
+    ("decode-only shared pass", lambda t, c, shared: any(e.num_prefill_tokens == 0 for e in shared)),
+    ("target prompt chunked", lambda t, c, shared: any(e.chunked for e in c.evidence)),
+    ("shared pass with a chunked prompt", lambda t, c, shared: any(e.has_chunked for e in shared)),
+    ("filler shares the target's prefix", lambda t, c, shared: any(f.shared_prefix for f in t.fillers)),
+    ("target prompt hit the prefix cache", lambda t, c, shared: any(e.num_cached_tokens > 0 for e in c.evidence)),
+    ("staggered arrival", lambda t, c, shared: t.target_arrival_step > 0
+     or any(f.arrival_step > t.target_arrival_step for f in t.fillers)),
+    *((f"target KV length > {b} in a shared pass",
+       lambda t, c, shared, b=b: any((e.kv_len or 0) > b for e in shared)) for b in KV_BOUNDARIES),
+)
+
+
+def _shared_sizes(shared: Sequence[StepEvidence]) -> set[str]:
+    """How many other sequences the target's shared passes held, and how many tokens they packed (bucketed)."""
+    if not shared:
+        return set()
+    others = _bucket(max(e.num_seqs for e in shared) - 1, (1, 3, 7, 15, 63, 255))
+    return {f"shared with {others} {'sequence' if others == '1' else 'sequences'}",
+            f"packed query length {_bucket(max(e.num_tokens for e in shared), (16, 64, 256, 1024))}"}
+
+
+def _hits(t: Trial, c: Completion) -> set[str]:
+    """Every coverage condition one trial's target hit."""
+    shared = [e for e in c.evidence if e.num_seqs >= 2]
+    return {"trials run", *_ORIGIN_HITS.get(t.origin, ()), *probe_hits(t), *_shared_sizes(shared),
+            *(name for name, hit in _CONDITIONS if hit(t, c, shared))}
+
+
+def _coverage_order(item: tuple[str, int]) -> tuple[int, list[int | str]]:
+    """Most hit first; equal counts by name, numbers by value ("> 64" before "> 512")."""
+    name, count = item
+    return -count, [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
 
 def coverage(runs: Runs) -> dict[str, int]:
     """How many trials (invariant mode: the schedule's, replayed and searched) hit each condition that kernels
@@ -737,46 +879,11 @@ def coverage(runs: Runs) -> dict[str, int]:
     inv = runs.inv
     if inv is None:
         return {}
+    # every listed condition and every planned probe side, hit or not
     out: Counter[str] = Counter({k: 0 for k in (
-        "target shared a pass", "target first in batch", "target in the middle of the batch", "target last in batch",
-        "mixed prefill+decode pass", "decode-only shared pass", "target prompt chunked",
-        "shared pass with a chunked prompt", "filler shares the target's prefix",
-        "target prompt hit the prefix cache", "staggered arrival",
-        *(f"target KV length > {b} in a shared pass" for b in KV_BOUNDARIES),
-        *(h for t in runs.trials.values() for h in probe_hits(t)))})  # every planned probe side, hit or not
+        *(name for name, _ in _CONDITIONS), *(h for t in runs.trials.values() for h in probe_hits(t)))})
     for tid in runs.judged_ids:
         c = inv.trials.get(tid)
-        if c is None:
-            continue
-        t = runs.trials[tid]
-        hits: set[str] = {"trials run", *_ORIGIN_HITS.get(t.origin, ()), *probe_hits(t)}
-        shared: list[StepEvidence] = [e for e in c.evidence if e.num_seqs >= 2]
-        if shared:
-            hits.add("target shared a pass")
-            others = _bucket(max(e.num_seqs for e in shared) - 1, (1, 3, 7, 15, 63, 255))
-            hits.add(f"shared with {others} {'sequence' if others == '1' else 'sequences'}")
-            hits.add(f"packed query length {_bucket(max(e.num_tokens for e in shared), (16, 64, 256, 1024))}")
-        if t.batch_size > 1:
-            hits.add({0: "target first in batch", t.batch_size - 1: "target last in batch"}.get(
-                t.position, "target in the middle of the batch"))
-        if any(e.num_prefill_tokens and e.num_decode_tokens for e in shared):
-            hits.add("mixed prefill+decode pass")
-        if any(e.num_prefill_tokens == 0 for e in shared):
-            hits.add("decode-only shared pass")
-        if any(e.chunked for e in c.evidence):
-            hits.add("target prompt chunked")
-        if any(e.has_chunked for e in shared):
-            hits.add("shared pass with a chunked prompt")
-        if any(e.num_cached_tokens > 0 for e in c.evidence):
-            hits.add("target prompt hit the prefix cache")
-        if any(f.shared_prefix for f in t.fillers):
-            hits.add("filler shares the target's prefix")
-        if t.target_arrival_step > 0 or any(f.arrival_step > t.target_arrival_step for f in t.fillers):
-            hits.add("staggered arrival")
-        for b in KV_BOUNDARIES:
-            if any((e.kv_len or 0) > b for e in shared):
-                hits.add(f"target KV length > {b} in a shared pass")
-        out.update(hits)
-    # Most hit first; equal counts by name, numbers by value ("> 64" before "> 512").
-    return dict(sorted(out.items(), key=lambda kv: (-kv[1], [int(p) if p.isdigit() else p
-                                                             for p in re.split(r"(\d+)", kv[0])])))
+        if c is not None:
+            out.update(_hits(runs.trials[tid], c))
+    return dict(sorted(out.items(), key=_coverage_order))

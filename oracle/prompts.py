@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from oracle.config import MAX_TOKENS, Config
 from oracle.errors import ConfigError, ModelError
@@ -134,36 +134,47 @@ def _check_file(path: Path) -> int:
     return size
 
 
+def _rows(f: BinaryIO, path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, `path:line`, object) for each non-blank line, the line and file sizes checked as read."""
+    read = 0
+    for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+        where = f"{path}:{n}"
+        read += len(raw)
+        if len(raw) > MAX_LINE_BYTES:
+            raise ConfigError(f"{where}: line is longer than {MAX_LINE_BYTES:,} bytes")
+        if read > MAX_PROMPTS_BYTES:  # the file grew while it was read
+            raise ConfigError(f"prompts.file: {path} is more than {MAX_PROMPTS_BYTES:,} bytes")
+        row = _json_line(raw, where)
+        if row is not None:
+            yield n, where, row
+
+
+def _row_name(row: dict[str, Any], n: int, where: str, names: dict[str, int]) -> str:
+    """The row's name (`line-N` by default), checked unique; recorded in `names` (name -> line)."""
+    name = row.get("name", f"line-{n}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: name: must be a non-empty string (got {_shown(name)})")
+    _check_text(name, f"{where}: name")
+    if name in names:
+        raise ConfigError(f"{where}: name: {name!r} is already the name of line {names[name]}")
+    names[name] = n
+    return name
+
+
 def _from_jsonl(path: Path, model_dir: Path) -> list[Target]:
     _check_file(path)
     vocab = vocab_size_of(model_dir)
-    encode: Encode | None = None
+    encode: Encode | None = None  # the tokenizer, loaded at the first text prompt
     targets: list[Target] = []
     names: dict[str, int] = {}
-    read = 0
     try:
         from oracle.files import open_regular
 
         with open_regular(path, MAX_PROMPTS_BYTES, "prompts file") as f:
-            for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                where = f"{path}:{n}"
-                read += len(raw)
-                if len(raw) > MAX_LINE_BYTES:
-                    raise ConfigError(f"{where}: line is longer than {MAX_LINE_BYTES:,} bytes")
-                if read > MAX_PROMPTS_BYTES:  # the file grew while it was read
-                    raise ConfigError(f"prompts.file: {path} is more than {MAX_PROMPTS_BYTES:,} bytes")
-                row = _json_line(raw, where)
-                if row is None:
-                    continue
+            for n, where, row in _rows(f, path):
                 if len(targets) >= MAX_PROMPTS:
                     raise ConfigError(f"{where}: more than {MAX_PROMPTS:,} prompts")
-                name = row.get("name", f"line-{n}")
-                if not isinstance(name, str) or not name:
-                    raise ConfigError(f"{where}: name: must be a non-empty string (got {_shown(name)})")
-                _check_text(name, f"{where}: name")
-                if name in names:
-                    raise ConfigError(f"{where}: name: {name!r} is already the name of line {names[name]}")
-                names[name] = n
+                name = _row_name(row, n, where, names)
                 if "prompt_token_ids" in row:
                     targets.append(Target(name, _token_ids(row["prompt_token_ids"], vocab, where)))
                 elif isinstance(row.get("prompt"), str):

@@ -31,8 +31,7 @@ class Replay:
 
 
 def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple[Trial, DivergenceRecord | None]:
-    recorded = next((d for d in report.divergences if d.trial_id == trial_id and d.trial is not None
-                     and (check is None or d.check == check)), None)
+    recorded = _recorded(report, trial_id, check)
     row = report.trial(trial_id)
     if row is None and recorded is not None:
         row = recorded.trial
@@ -41,6 +40,12 @@ def find_trial(report: Report, trial_id: int, check: str | None = None) -> tuple
         span = f" (it has trials {min(ids)}..{max(ids)})" if ids else ""
         raise ConfigError(f"--trial: no trial {trial_id} in this report{span}")
     return Trial.from_json(row.model_dump()), recorded
+
+
+def _recorded(report: Report, trial_id: int, check: str | None) -> DivergenceRecord | None:
+    """The report's first divergence record of the trial (of `check`, when given) that holds the trial."""
+    return next((d for d in report.divergences if d.trial_id == trial_id and d.trial is not None
+                 and (check is None or d.check == check)), None)
 
 
 def credentials_sent(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:

@@ -393,16 +393,8 @@ def load_report(path: Path) -> Report:
     """Read a report.json; ConfigError (exit 2) naming the file when it is missing, too large, not JSON,
     nested too deeply or not an oracle report, and naming the field that is wrong."""
     from oracle.errors import ConfigError
-    from oracle.files import read_regular
 
-    try:
-        data = json.loads(read_regular(path, MAX_REPORT_BYTES, "report.json").decode("utf-8"))
-    except RecursionError as e:
-        raise ConfigError(f"{path}: not an oracle report.json (JSON nested too deeply)") from e
-    except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits
-        raise ConfigError(f"{path}: not an oracle report.json ({_first_line(e)})") from e
-    if not isinstance(data, dict) or "config" not in data:
-        raise ConfigError(f"{path}: not an oracle report.json")
+    data = _report_json(path)
     code = data.pop("exit_code", None)
     try:
         report = Report.model_validate(data)
@@ -415,6 +407,22 @@ def load_report(path: Path) -> Report:
     if report.error is not None and isinstance(code, int) and not isinstance(code, bool):
         report._error_exit_code = code
     return report
+
+
+def _report_json(path: Path) -> dict[str, Any]:
+    """report.json's top-level object, read within MAX_REPORT_BYTES; ConfigError naming the file otherwise."""
+    from oracle.errors import ConfigError
+    from oracle.files import read_regular
+
+    try:
+        data = json.loads(read_regular(path, MAX_REPORT_BYTES, "report.json").decode("utf-8"))
+    except RecursionError as e:
+        raise ConfigError(f"{path}: not an oracle report.json (JSON nested too deeply)") from e
+    except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits
+        raise ConfigError(f"{path}: not an oracle report.json ({_first_line(e)})") from e
+    if not isinstance(data, dict) or "config" not in data:
+        raise ConfigError(f"{path}: not an oracle report.json")
+    return data
 
 
 def _first_line(e: BaseException) -> str:

@@ -32,6 +32,7 @@ from oracle.report import Report, TrialRecord
 
 if TYPE_CHECKING:
     from oracle.render.files import ReportWriter
+    from oracle.schedule import Trial
 from oracle.timings import rounded
 
 # A view writes one more format of a finished (or partial) report into the report folder.
@@ -88,18 +89,61 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     only that slice of the schedule and write its results beside the report for `oracle merge`
     (oracle.shards.assign). `writer`: the run's report writer (`oracle run` and the plugin hand theirs,
     which wrote the started report); else one of its own for the report folder, writing `views`."""
-    from oracle.example_db import ExampleDB
     from oracle.render.files import ReportWriter
 
     observer = observer or Observer()
     t0 = time.perf_counter()
+    plan, db = _plan(config, seed, example_db, shard)
+    observer.seed(plan.seed)
+    report = _started_report(config, plan)
+    report.timings["plan_s"] = round(time.perf_counter() - t0, 3)
+    out_dir = writer.out_dir if writer is not None else report_dir or Path(config.report_dir)
+    writer = writer or ReportWriter(out_dir, views)
+    _warn_before_start(plan, db, observer)
+    results: dict[Mode, ModeResult] = {}
+    try:
+        _run_modes(plan, observer, OpLocalizer(out_dir / "repro"), results, report)
+        report.complete = True
+    except EngineError as e:
+        report.set_error(str(e))
+    except BaseException as e:  # a signal, a model error while loading, sys.exit(): recorded, then raised
+        report.mark_stopped(e)
+        raise
+    finally:
+        # Judge what completed, so an engine failure or a signal still leaves a useful report.
+        _conclude(plan, results, report, db, observer, out_dir)
+        report.timings["total_s"] = round(time.perf_counter() - t0, 3)
+        # the views' formats, then report.json, signals held meanwhile
+        writer.final(report, timed_views(views if views else writer.views, report, t0))
+    return report
+
+
+def _plan(config: Config, seed: int | None, example_db: Path | None,
+          shard: tuple[int, int] | None) -> tuple[Plan, Any]:
+    """The run's plan and its example database (None without one): the database's trials replayed first,
+    then (a shard) only its slice."""
+    from oracle.example_db import ExampleDB
+
     plan = plan_run(config, seed)
     db = ExampleDB.open(example_db, config) if example_db is not None else None
     if db is not None:
         plan = dataclasses.replace(plan, replayed=db.replayed(len(plan.targets), len(plan.trials), plan.trials))
     if shard is not None:
         plan = slice_plan(plan, *shard)
-    observer.seed(plan.seed)
+    return plan, db
+
+
+def _warn_before_start(plan: Plan, db: Any, observer: Observer) -> None:
+    """Known hazards of the posture the config asks for, said before any engine starts, and the stored trials
+    the example database dropped."""
+    for line in declared_hazards(plan):
+        observer.warn(line)
+    for line in db.warnings if db is not None else ():  # stored trials dropped (oracle.example_db)
+        observer.warn(line)
+
+
+def _started_report(config: Config, plan: Plan) -> Report:
+    """The report before any engine starts: the config, the seed, the environment and the plan's size."""
     report = Report(
         oracle_version=__version__, seed=plan.seed, config=config.model_dump(mode="json"),
         config_digest=config.digest(), environment=collect_environment(),
@@ -109,51 +153,39 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     if plan.shard is not None:
         report.shard = {k: v for k, v in plan.shard.to_json().items() if k != "repeats"}
         report.environment["trials"] = plan.shard.schedule_size
-    report.timings["plan_s"] = round(time.perf_counter() - t0, 3)
-    out_dir = writer.out_dir if writer is not None else report_dir or Path(config.report_dir)
-    writer = writer or ReportWriter(out_dir, views)
-    # Known hazards of the posture the config asks for, said before any engine starts.
-    for line in declared_hazards(plan):
-        observer.warn(line)
-    for line in db.warnings if db is not None else ():  # stored trials dropped (oracle.example_db)
-        observer.warn(line)
-    results: dict[Mode, ModeResult] = {}
-    build = engine_builder(plan)
-    localizer = OpLocalizer(out_dir / "repro")
-    try:
-        for mode in modes_read(config):
-            execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1))
-            try:
-                execution.run()
-            finally:
-                results[mode] = execution.result()
-                report.timings[f"{mode}_s"] = round(execution.seconds, 3)
-                report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
-        report.complete = True
-    except EngineError as e:
-        report.set_error(str(e))
-    except BaseException as e:  # a signal, a model error while loading, sys.exit(): recorded, then raised
-        report.mark_stopped(e)
-        raise
-    finally:
-        # Judge what completed, so an engine failure or a signal still leaves a useful report.
-        t_judge = time.perf_counter()
-        finish(plan, results, report)
-        report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
-        if db is not None:
-            said = len(db.warnings)
-            update_db(db, plan, results.get("invariant"), report)
-            for line in db.warnings[said:]:  # trials that could not be saved (a read-only folder)
-                observer.warn(line)
-        if plan.shard is not None:
-            from oracle.shards.results import save_results
-
-            save_results(out_dir, plan.shard, plan.seed, report.config_digest, report.oracle_version, plan.targets,
-                         results)
-        report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        # the views' formats, then report.json, signals held meanwhile
-        writer.final(report, timed_views(views if views else writer.views, report, t0))
     return report
+
+
+def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: dict[Mode, ModeResult],
+               report: Report) -> None:
+    """Each mode the enabled checks read, in order; its result (also a partial one) into `results`."""
+    build = engine_builder(plan)
+    for mode in modes_read(plan.config):
+        execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1))
+        try:
+            execution.run()
+        finally:
+            results[mode] = execution.result()
+            report.timings[f"{mode}_s"] = round(execution.seconds, 3)
+            report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
+
+
+def _conclude(plan: Plan, results: dict[Mode, ModeResult], report: Report, db: Any, observer: Observer,
+              out_dir: Path) -> None:
+    """Judge what completed, update the example database and save a shard's results."""
+    t_judge = time.perf_counter()
+    finish(plan, results, report)
+    report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
+    if db is not None:
+        said = len(db.warnings)
+        update_db(db, plan, results.get("invariant"), report)
+        for line in db.warnings[said:]:  # trials that could not be saved (a read-only folder)
+            observer.warn(line)
+    if plan.shard is not None:
+        from oracle.shards.results import save_results
+
+        save_results(out_dir, plan.shard, plan.seed, report.config_digest, report.oracle_version, plan.targets,
+                     results)
 
 
 def timed_views(views: Sequence[View], report: Report, t0: float) -> list[View]:
@@ -182,13 +214,10 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
 
         report.environment["posture"] = report_posture(report.environment["engines"])
     inv, prod = results.get("invariant"), results.get("production")
-    trials = {t.trial_id: t for t in plan.trials}
-    if inv is not None:
-        for t in (*plan.replayed, *inv.search_trials, *inv.shrink_trials):
-            trials[t.trial_id] = t
-        if inv.search is not None or inv.search_trials:
-            report.search = inv.search.summary() if inv.search is not None else {
-                "asked": plan.config.schedule.search.trials, "run": len(inv.search_trials), "stopped": True}
+    trials = _trials_run(plan, inv)
+    search = _search_summary(plan, inv)
+    if search is not None:
+        report.search = search
     report.schedule = [TrialRecord.model_validate(t.to_json()) for t in trials.values()]
     golden = None
     if plan.config.checks.golden.requirement != "off" and inv is not None:
@@ -202,6 +231,27 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
 
     report.variance_map = variance_map(runs)
     record_posture(plan, report)
+
+
+def _trials_run(plan: Plan, inv: ModeResult | None) -> dict[int, Trial]:
+    """trial id -> trial for every trial run: the schedule's, then invariant mode's replayed, searched and
+    shrunk ones."""
+    trials = {t.trial_id: t for t in plan.trials}
+    if inv is not None:
+        for t in (*plan.replayed, *inv.search_trials, *inv.shrink_trials):
+            trials[t.trial_id] = t
+    return trials
+
+
+def _search_summary(plan: Plan, inv: ModeResult | None) -> dict[str, Any] | None:
+    """The guided search's summary for the report; a search stopped before it finished says so."""
+    if inv is None:
+        return None
+    if inv.search is not None:
+        return inv.search.summary()
+    if inv.search_trials:
+        return {"asked": plan.config.schedule.search.trials, "run": len(inv.search_trials), "stopped": True}
+    return None
 
 
 def declared_hazards(plan: Plan) -> list[str]:
@@ -247,13 +297,17 @@ def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> No
     passed; the report says what was replayed and done."""
     from oracle.schedule import Trial
 
-    failing = [Trial.from_json(d.trial.model_dump()) for d in report.divergences
-               if d.check == "invariance" and d.trial is not None]
-    passing = [t for t in plan.replayed if inv is not None and t.trial_id in inv.trials
-               and t.trial_id not in {d.trial_id for d in report.divergences if d.check == "invariance"}]
-    done = db.update(failing, passing)
+    found = [d for d in report.divergences if d.check == "invariance"]
+    failing = [Trial.from_json(d.trial.model_dump()) for d in found if d.trial is not None]
+    done = db.update(failing, _passed_replays(plan, inv, {d.trial_id for d in found}))
     report.example_db = {"path": str(db.path), "key": db.key, "replayed": [t.trial_id for t in plan.replayed],
                          **done}
+
+
+def _passed_replays(plan: Plan, inv: ModeResult | None, failed_ids: set[int | None]) -> list[Trial]:
+    """The replayed trials that ran in invariant mode without an invariance divergence."""
+    ran = inv.trials if inv is not None else {}
+    return [t for t in plan.replayed if t.trial_id in ran and t.trial_id not in failed_ids]
 
 
 def record_golden(config: Config, golden_file: Path, observer: Observer | None = None) -> dict[str, Any]:

@@ -133,43 +133,59 @@ class _Draw:
         if self.budgets:
             self.rng.shuffle(self.budgets)
 
+    def _slot(self, i: int, redraw: int) -> tuple[int, int]:
+        """Slot i's (batch size, target); after many redraws, others drawn afresh."""
+        if redraw < _MAX_REDRAWS // 2:
+            return self.sizes[i], self.targets[i]
+        # This slot's size keeps giving trials already drawn (batch 1 of one target, say): another size.
+        batch = _log_spread(self.rng, *self.cfg.batch_size, 0, 1)
+        return batch, self.rng.randrange(len(self.target_lens))
+
+    def _filler(self, lengths: str, timing: str, target_arrival: int, prefix_of: int) -> Filler:
+        """One filler of the given lengths and timing; `prefix_of` > 0: it starts with that many tokens' worth of
+        the target's prompt (some of them) and arrives first."""
+        cfg, rng = self.cfg, self.rng
+        f_lo, f_hi = cfg.filler_len
+        a_lo, a_hi = cfg.arrival_step
+        # Every kind is drawn whichever is kept, so the stream does not depend on the choice.
+        length = {"short": rng.randint(f_lo, max(f_lo, min(f_hi, f_lo + (f_hi - f_lo) // 4))),
+                  "long": rng.randint(max(f_lo, f_hi - (f_hi - f_lo) // 4), f_hi),
+                  "mixed": rng.randint(f_lo, f_hi)}[lengths]
+        arrival = {"together": target_arrival, "staggered": rng.randint(a_lo, a_hi),
+                   "after": rng.randint(min(a_hi, target_arrival + 1), a_hi)}[timing]
+        prefix = 0
+        if prefix_of:
+            # The first filler starts with the target's prompt and arrives first: its blocks are
+            # cached by the time the target's prompt is scheduled.
+            prefix = rng.randint(1, prefix_of)
+            length = max(length, prefix)
+            arrival = a_lo
+        return Filler(seed=rng.randrange(2**31), length=length, max_tokens=rng.randint(*cfg.filler_max_tokens),
+                      arrival_step=arrival, shared_prefix=prefix)
+
+    def _after_prefix(self, target_arrival: int) -> int:
+        """A target behind a filler that shares its prefix arrives after the earliest step, where the range allows."""
+        a_lo, a_hi = self.cfg.arrival_step
+        if target_arrival == a_lo and a_hi > a_lo:
+            return self.rng.randint(a_lo + 1, a_hi)
+        return target_arrival
+
     def trial(self, i: int, trial_id: int, redraw: int = 0) -> Trial:
         cfg, rng = self.cfg, self.rng
-        batch = self.sizes[i]
-        if redraw >= _MAX_REDRAWS // 2:
-            # This slot's size keeps giving trials already drawn (batch 1 of one target, say): another size.
-            batch = _log_spread(rng, *cfg.batch_size, 0, 1)
-        target = self.targets[i] if redraw < _MAX_REDRAWS // 2 else rng.randrange(len(self.target_lens))
+        batch, target = self._slot(i, redraw)
         place = i % 4
         position = (0, batch - 1, batch // 2, rng.randrange(batch))[place]
-        a_lo, a_hi = cfg.arrival_step
-        target_arrival = rng.randint(a_lo, a_hi)
+        target_arrival = rng.randint(*cfg.arrival_step)
         # How the fillers arrive relative to the target: together, staggered, or after it (mixed passes).
         timing = rng.choice(("together", "staggered", "after"))
         lengths = rng.choice(("short", "long", "mixed"))
-        f_lo, f_hi = cfg.filler_len
         shared = batch > 1 and self.target_lens[target] > 1 and rng.random() < 0.25
-        fillers = []
-        for j in range(batch - 1):
-            length = {"short": rng.randint(f_lo, max(f_lo, min(f_hi, f_lo + (f_hi - f_lo) // 4))),
-                      "long": rng.randint(max(f_lo, f_hi - (f_hi - f_lo) // 4), f_hi),
-                      "mixed": rng.randint(f_lo, f_hi)}[lengths]
-            arrival = {"together": target_arrival, "staggered": rng.randint(a_lo, a_hi),
-                       "after": rng.randint(min(a_hi, target_arrival + 1), a_hi)}[timing]
-            prefix = 0
-            if shared and j == 0:
-                # The first filler starts with the target's prompt and arrives first: its blocks are
-                # cached by the time the target's prompt is scheduled.
-                prefix = rng.randint(1, self.target_lens[target])
-                length = max(length, prefix)
-                arrival = a_lo
-            fillers.append(Filler(seed=rng.randrange(2**31), length=length,
-                                  max_tokens=rng.randint(*cfg.filler_max_tokens), arrival_step=arrival,
-                                  shared_prefix=prefix))
-        if shared and target_arrival == a_lo and a_hi > a_lo:
-            target_arrival = rng.randint(a_lo + 1, a_hi)
+        prefix_of = self.target_lens[target] if shared else 0  # the first filler's only
+        fillers = tuple(self._filler(lengths, timing, target_arrival, 0 if j else prefix_of) for j in range(batch - 1))
+        if shared:
+            target_arrival = self._after_prefix(target_arrival)
         budget = self.budgets[i] if self.budgets else None
-        return Trial(trial_id, target, position, target_arrival, tuple(fillers), budget)
+        return Trial(trial_id, target, position, target_arrival, fillers, budget)
 
 
 def draw_schedule(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> list[Trial]:

@@ -57,34 +57,55 @@ def _pairs(fs: tuple[Filler, ...]) -> list[Filler]:
     return list(dict.fromkeys(picks))
 
 
-def _candidates(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
+FillerMove = Callable[[Filler], Filler]
+
+
+def _fewer_fillers(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
+    """1. Batch 2: a telling filler alone, then one filler with all the fillers' tokens. 2. Drop a chunk of
+    fillers: halves, quarters, ... single ones (delta debugging's order). One filler: none."""
     fs = t.fillers
-    f_lo, f_hi = cfg.filler_len
-    a_lo = cfg.arrival_step[0]
-    if len(fs) > 1:
-        # 1. Batch 2: a telling filler alone, then one filler with all the fillers' tokens.
-        for f in _pairs(fs):
-            yield _with_fillers(t, (f,))
-        yield _with_fillers(t, (Filler(
-            seed=fs[0].seed, length=min(f_hi, sum(f.length for f in fs)), max_tokens=max(f.max_tokens for f in fs),
-            arrival_step=min(f.arrival_step for f in fs), shared_prefix=max(f.shared_prefix for f in fs)),))
-        # 2. Drop a chunk of fillers: halves, quarters, ... single ones (delta debugging's order).
-        chunk = len(fs) // 2
-        while chunk >= 1:
-            for start in range(0, len(fs), chunk):
-                yield _with_fillers(t, fs[:start] + fs[start + chunk:])
-            chunk //= 2
-    elif fs:
+    if len(fs) == 1:
         yield _with_fillers(t, ())
-    # 3. Simplify what is left: every filler at once, then the target, then filler by filler.
-    bulk = [
+    if len(fs) <= 1:
+        return
+    for f in _pairs(fs):
+        yield _with_fillers(t, (f,))
+    yield _with_fillers(t, (Filler(
+        seed=fs[0].seed, length=min(cfg.filler_len[1], sum(f.length for f in fs)),
+        max_tokens=max(f.max_tokens for f in fs), arrival_step=min(f.arrival_step for f in fs),
+        shared_prefix=max(f.shared_prefix for f in fs)),))
+    chunk = len(fs) // 2
+    while chunk >= 1:
+        for start in range(0, len(fs), chunk):
+            yield _with_fillers(t, fs[:start] + fs[start + chunk:])
+        chunk //= 2
+
+
+def _bulk_moves(cfg: ScheduleConfig) -> list[FillerMove]:
+    """Each filler field at its simplest: no shared prefix, the earliest arrival, the shortest prompt and budget."""
+    f_lo = cfg.filler_len[0]
+    a_lo = cfg.arrival_step[0]
+    return [
         lambda f: replace(f, shared_prefix=0),
         lambda f: replace(f, arrival_step=a_lo),
         lambda f: replace(f, length=max(f_lo, f.shared_prefix)),
         lambda f: replace(f, max_tokens=cfg.filler_max_tokens[0]),
     ]
-    for move in bulk:
-        yield _with_fillers(t, tuple(move(f) for f in fs))
+
+
+def _finer_moves(cfg: ScheduleConfig) -> list[FillerMove]:
+    """The bulk moves, then halving a filler's prompt and budget."""
+    f_lo = cfg.filler_len[0]
+    return [
+        *_bulk_moves(cfg),
+        lambda f: replace(f, length=max(f_lo, f.shared_prefix, f.length // 2)),
+        lambda f: replace(f, max_tokens=max(cfg.filler_max_tokens[0], f.max_tokens // 2)),
+    ]
+
+
+def _simpler_target(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
+    """The target earlier in the batch, arriving first, under the largest token budget."""
+    a_lo = cfg.arrival_step[0]
     for p in sorted({0, t.position // 2, t.position - 1}):
         if 0 <= p < t.position:
             yield replace(t, position=p)
@@ -92,16 +113,26 @@ def _candidates(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
         yield replace(t, target_arrival_step=a_lo)
     if cfg.max_num_batched_tokens and t.max_num_batched_tokens != cfg.max_num_batched_tokens[1]:
         yield replace(t, max_num_batched_tokens=cfg.max_num_batched_tokens[1])
-    finer = [
-        *bulk,
-        lambda f: replace(f, length=max(f_lo, f.shared_prefix, f.length // 2)),
-        lambda f: replace(f, max_tokens=max(cfg.filler_max_tokens[0], f.max_tokens // 2)),
-    ]
+
+
+def _simpler_each_filler(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
+    """Filler by filler, every move that changes it."""
+    fs = t.fillers
+    moves = _finer_moves(cfg)
     for j, f in enumerate(fs):
-        for move in finer:
+        for move in moves:
             g = move(f)
             if g != f:
                 yield _with_fillers(t, fs[:j] + (g,) + fs[j + 1:])
+
+
+def _candidates(t: Trial, cfg: ScheduleConfig) -> Iterator[Trial]:
+    yield from _fewer_fillers(t, cfg)
+    # 3. Simplify what is left: every filler at once, then the target, then filler by filler.
+    for move in _bulk_moves(cfg):
+        yield _with_fillers(t, tuple(move(f) for f in t.fillers))
+    yield from _simpler_target(t, cfg)
+    yield from _simpler_each_filler(t, cfg)
 
 
 def shrink(start: Trial, fails: Property, cfg: ScheduleConfig, max_runs: int,

@@ -54,22 +54,80 @@ def _scalar(v: Any) -> Any:
     return v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v)
 
 
+def _numbers(entry: Mapping[str, list[Any]], side: str) -> list[Any]:
+    return [v for v in entry.get(side, []) if isinstance(v, (int, float))]
+
+
+def _start(label: str, drifting: list[Any], solo: list[Any]) -> str:
+    """Where drifting values sit against solo ones: all above, all below, else both lists."""
+    if not solo or min(drifting) > max(solo):
+        return f"{label} >= {min(drifting)}"
+    if max(drifting) < min(solo):
+        return f"{label} <= {max(drifting)} (solo {max(solo)})"
+    return f"{label} {', '.join(str(v) for v in drifting)} (solo {', '.join(str(v) for v in solo)})"
+
+
 def _first_at(follows: dict[str, dict[str, list[Any]]], op_class: str) -> str:
     """Where the divergence starts along the first quantity it followed: `M >= 2` (every drifting value above every
     solo value), `KV splits <= 1 (solo 8)` (below), else the values."""
     for name in (*_QUANTITY_ORDER, *sorted(follows)):
         entry = follows.get(name, {})
-        drifting = [v for v in entry.get("drifting", []) if isinstance(v, (int, float))]
-        solo = [v for v in entry.get("solo", []) if isinstance(v, (int, float))]
-        if not drifting:
-            continue
-        label = quantity_name(name, op_class)
-        if not solo or min(drifting) > max(solo):
-            return f"{label} >= {min(drifting)}"
-        if max(drifting) < min(solo):
-            return f"{label} <= {max(drifting)} (solo {max(solo)})"
-        return f"{label} {', '.join(str(v) for v in drifting)} (solo {', '.join(str(v) for v in solo)})"
+        drifting = _numbers(entry, "drifting")
+        if drifting:
+            return _start(quantity_name(name, op_class), drifting, _numbers(entry, "solo"))
     return ""
+
+
+def _why_not_localized(tid: int, prod: Any, notes: Sequence[str], setting: str) -> str:
+    """Why a drifting trial names no op: its own localize note, an empty capture, the engine's (or a shard's)
+    note, or the setting that localized only the first."""
+    note = next((n for n in notes if n.startswith(f"localize {tid}:")), None)
+    general = next((n for n in notes if n.startswith("localize:")), None)  # the engine's, a shard's
+    if note is not None:
+        return note.split(":", 1)[1].strip()
+    if tid in prod.localized:
+        return "the capture found no op where the target's rows differ"
+    if general is not None:
+        return general.split(":", 1)[1].strip()
+    if setting == "first":
+        return "not localized (checks.drift.localize: first localizes the first drifting trial)"
+    return "not localized"
+
+
+def _value_order(v: Any) -> tuple[bool, Any]:
+    """Numbers first, by value; then everything else by its text."""
+    return not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)
+
+
+def _follows(found: Sequence[tuple[int, LocalizedOpRecord]]) -> dict[str, dict[str, list[Any]]]:
+    """quantity -> the distinct solo and drifting values it took at the op's divergences, each sorted."""
+    follows: dict[str, dict[str, list[Any]]] = {}
+    for _, op in found:
+        for q, pair in op.depends_on.items():
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+                continue
+            entry = follows.setdefault(q, {"solo": [], "drifting": []})
+            for side, v in zip(("solo", "drifting"), pair, strict=True):
+                if _scalar(v) not in entry[side]:
+                    entry[side].append(_scalar(v))
+    for entry in follows.values():
+        for side in entry:
+            entry[side].sort(key=_value_order)
+    return follows
+
+
+def _op_row(module: str, name: str, status: str, found: Sequence[tuple[int, LocalizedOpRecord]]) -> VarianceOpRecord:
+    """One op of the map: the drifting trials it accounts for, their layers, confirmations and quantities."""
+    first = found[0][1]
+    confirmation: dict[str, int] = {}
+    for _, op in found:
+        confirmation[op.confirmation] = confirmation.get(op.confirmation, 0) + 1
+    follows = _follows(found)
+    return VarianceOpRecord(
+        module=module, module_class=module.rsplit(".", 1)[-1] or module, op=name, op_class=first.op_class,
+        status=status, trials=[tid for tid, _ in found],
+        layers=sorted({op.layer for _, op in found if op.layer is not None}),
+        confirmation=confirmation, follows=follows, first_at=_first_at(follows, first.op_class))
 
 
 def build_map(setting: str, trials: Mapping[int, Any], prod: Any, ids: Sequence[int]) -> VarianceMap:
@@ -81,43 +139,10 @@ def build_map(setting: str, trials: Mapping[int, Any], prod: Any, ids: Sequence[
     for tid in drifting:
         op = _record(prod.localized.get(tid))
         if op is None:
-            note = next((n for n in notes if n.startswith(f"localize {tid}:")), None)
-            general = next((n for n in notes if n.startswith("localize:")), None)  # the engine's, a shard's
-            if note is not None:
-                why = note.split(":", 1)[1].strip()
-            elif tid in prod.localized:
-                why = "the capture found no op where the target's rows differ"
-            elif general is not None:
-                why = general.split(":", 1)[1].strip()
-            elif setting == "first":
-                why = "not localized (checks.drift.localize: first localizes the first drifting trial)"
-            else:
-                why = "not localized"
-            not_localized[str(tid)] = why
-            continue
-        groups.setdefault((module_pattern(op.module), op.op, op.status), []).append((tid, op))
-    ops = []
-    for (module, name, status), found in groups.items():
-        first = found[0][1]
-        follows: dict[str, dict[str, list[Any]]] = {}
-        confirmation: dict[str, int] = {}
-        for _, op in found:
-            confirmation[op.confirmation] = confirmation.get(op.confirmation, 0) + 1
-            for q, pair in op.depends_on.items():
-                if isinstance(pair, (list, tuple)) and len(pair) == 2:
-                    entry = follows.setdefault(q, {"solo": [], "drifting": []})
-                    for side, v in zip(("solo", "drifting"), pair, strict=True):
-                        if _scalar(v) not in entry[side]:
-                            entry[side].append(_scalar(v))
-        for entry in follows.values():
-            for side in entry:
-                entry[side].sort(key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float))
-                                                else str(v)))
-        ops.append(VarianceOpRecord(
-            module=module, module_class=module.rsplit(".", 1)[-1] or module, op=name, op_class=first.op_class,
-            status=status, trials=[tid for tid, _ in found],
-            layers=sorted({op.layer for _, op in found if op.layer is not None}),
-            confirmation=confirmation, follows=follows, first_at=_first_at(follows, first.op_class)))
+            not_localized[str(tid)] = _why_not_localized(tid, prod, notes, setting)
+        else:
+            groups.setdefault((module_pattern(op.module), op.op, op.status), []).append((tid, op))
+    ops = [_op_row(module, name, status, found) for (module, name, status), found in groups.items()]
     ops.sort(key=lambda o: (-len(o.trials), o.module, o.op))
     classes = {c: 0 for c in OP_CLASSES}
     for o in ops:
