@@ -304,7 +304,7 @@ class ModeExecution:
         if second.requirement != "off" and second.mode == self.mode and self._per_target:
             with clock("second_instance"):
                 self._second_instance()
-        if invariant and checks.tp_parity.requirement != "off" and per_target:
+        if self.mode == "invariant" and checks.tp_parity.requirement != "off" and self._per_target:
             with clock("tp_parity"):
                 self._tp_parity()
 
