@@ -105,7 +105,7 @@ _ANY_KEY = Codec(lambda v, rows: _plain(v), lambda v, rows: _hashable(v))
 _ROW = Codec(lambda v, rows: rows.add(v), lambda v, rows: rows.get(v))
 
 
-def _literal(values: tuple[Any, ...], where: str) -> Codec:
+def _one_of(values: tuple[Any, ...], where: str) -> Codec:
     def decode(v: Any, rows: Rows) -> Any:
         if not any(v == x and type(v) is type(x) for x in values):
             raise ValueError(f"{where}: {str(v)[:40]!r} is none of {values}")
@@ -165,36 +165,46 @@ class _Builder:
 
     def build(self, tp: Any, where: str) -> Codec:
         """`where`: the field it is the type of, for the error that names it."""
-        if tp is Any:
-            return _ANY
-        if tp is Row:
-            return _ROW
+        if tp is Any or tp is Row:
+            return _ANY if tp is Any else _ROW
         if tp in (str, int, float, bool):
             return _scalar(tp, where)
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             return self.dataclasses.get(tp) or self._dataclass(tp)
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin is Literal:
-            return _literal(args, where)
-        if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
-            return _optional(self.build(next(a for a in args if a is not type(None)), where))
-        if origin is list and len(args) == 1:
-            return _sequence(list, self.build(args[0], f"{where}[item]"), where)
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return _sequence(tuple, self.build(args[0], f"{where}[item]"), where)
-        if origin is tuple and args and Ellipsis not in args:
-            return _fixed_tuple([self.build(a, f"{where}[{i}]") for i, a in enumerate(args)], where)
-        if origin in (dict, Mapping) and len(args) == 2:
-            return self._mapping(args[0], args[1], where)
-        raise TypeError(f"{where}: type {tp} has no JSON encoding (oracle.shards.codec): give the field a type "
-                        "the codec reads, or a `retype` entry")
+        rule = _GENERIC_RULES.get(typing.get_origin(tp))
+        codec = None if rule is None else rule(self, typing.get_args(tp), where)
+        if codec is None:
+            raise TypeError(f"{where}: type {tp} has no JSON encoding (oracle.shards.codec): give the field a "
+                            "type the codec reads, or a `retype` entry")
+        return codec
 
-    def _mapping(self, key: Any, value: Any, where: str) -> Codec:
+    def _union(self, args: tuple[Any, ...], where: str) -> Codec | None:
+        if len(args) != 2 or type(None) not in args:
+            return None  # only `X | None`: a value's JSON does not say which of two types it was
+        return _optional(self.build(next(a for a in args if a is not type(None)), where))
+
+    def _list(self, args: tuple[Any, ...], where: str) -> Codec | None:
+        return _sequence(list, self.build(args[0], f"{where}[item]"), where) if len(args) == 1 else None
+
+    def _tuple(self, args: tuple[Any, ...], where: str) -> Codec | None:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _sequence(tuple, self.build(args[0], f"{where}[item]"), where)
+        if not args or Ellipsis in args:
+            return None
+        return _fixed_tuple([self.build(a, f"{where}[{i}]") for i, a in enumerate(args)], where)
+
+    def _mapping(self, args: tuple[Any, ...], where: str) -> Codec | None:
+        if len(args) != 2:
+            return None
+        key, value = args
         value_codec = self.build(value, f"{where}[value]")
         if key is str:
             return _str_mapping(value_codec, where)
         key_codec = _ANY_KEY if key is Any else self.build(key, f"{where}[key]")
         return _pair_mapping(key_codec, value_codec, where)
+
+    def _literal(self, args: tuple[Any, ...], where: str) -> Codec | None:
+        return _one_of(args, where)
 
     def _dataclass(self, cls: type) -> Codec:
         try:
@@ -221,3 +231,10 @@ class _Builder:
             self.unused.discard((cls, n))
             codecs[n] = self.build(self.retype.get((cls, n), hints[n]), f"{cls.__name__}.{n}")
         return self.dataclasses[cls]
+
+
+# A generic type's rule, by its origin (`list[int]` -> list): the codec, or None for a shape it cannot encode.
+_GENERIC_RULES: dict[Any, Callable[[_Builder, tuple[Any, ...], str], Codec | None]] = {
+    Literal: _Builder._literal, Union: _Builder._union, types.UnionType: _Builder._union, list: _Builder._list,
+    tuple: _Builder._tuple, dict: _Builder._mapping, Mapping: _Builder._mapping,
+}
