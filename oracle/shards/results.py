@@ -111,6 +111,19 @@ def _array(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
 
 
+def _check_members(path: Path, infos: list[zipfile.ZipInfo], size: int) -> None:
+    """Every member stored uncompressed, a `.npy`, and all of them together within the file's `size` bytes."""
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ConfigError(f"{path}: {info.filename}: a compressed member; oracle writes shard results "
+                              "uncompressed (numpy.savez), so this file is not one it wrote")
+        total += info.file_size
+        if info.file_size > size or total > size or not info.filename.endswith(".npy"):
+            raise ConfigError(f"{path}: {info.filename}: claims {info.file_size:,} bytes in a file of "
+                              f"{size:,}: damaged or tampered")
+
+
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the results file, with bounded memory whatever the file claims: a regular file of
     at most MAX_RESULTS_BYTES (oracle.files), members stored uncompressed as numpy.savez writes them
@@ -120,16 +133,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         infos = zf.infolist()
         if len(infos) > MAX_MEMBERS:
             raise ConfigError(f"{path}: {len(infos):,} members, over the bound of {MAX_MEMBERS:,}")
-        size = raw.seek(0, 2)
-        total = 0
-        for info in infos:
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ConfigError(f"{path}: {info.filename}: a compressed member; oracle writes shard results "
-                                  "uncompressed (numpy.savez), so this file is not one it wrote")
-            total += info.file_size
-            if info.file_size > size or total > size or not info.filename.endswith(".npy"):
-                raise ConfigError(f"{path}: {info.filename}: claims {info.file_size:,} bytes in a file of "
-                                  f"{size:,}: damaged or tampered")
+        _check_members(path, infos, raw.seek(0, 2))
         arrays = {info.filename[:-4]: _array(path, zf, info) for info in infos}
     if "meta" not in arrays or arrays["meta"].dtype != np.uint8 or arrays["meta"].size > MAX_META_BYTES:
         raise ConfigError(f"{path}: no meta entry of at most {MAX_META_BYTES:,} bytes: not oracle's shard results")
