@@ -52,10 +52,13 @@ class Rows:
 
 @dataclass(frozen=True)
 class Codec:
-    """A type's encoding: `encode(value, rows)` -> JSON, `decode(json, rows)` -> the value."""
+    """A type's encoding: `encode(value, rows)` -> JSON, `decode(json, rows)` -> the value. `same`: the JSON
+    types that decode to themselves, unchanged (a str, an int, ...): a container of them is checked at once,
+    not element by element."""
 
     encode: Callable[[Any, Rows], Any]
     decode: Callable[[Any, Rows], Any]
+    same: frozenset[type] = frozenset()
 
 
 Retype = Mapping[tuple[type, str], Any]
@@ -97,7 +100,7 @@ def _expect(v: Any, kinds: tuple[type, ...], where: str) -> Any:
 
 def _scalar(kind: type, where: str) -> Codec:
     accepted: tuple[type, ...] = (int, float) if kind is float else (kind,)
-    return Codec(lambda v, rows: kind(v), lambda v, rows: kind(_expect(v, accepted, where)))
+    return Codec(lambda v, rows: kind(v), lambda v, rows: kind(_expect(v, accepted, where)), frozenset({kind}))
 
 
 _ANY = Codec(lambda v, rows: _plain(v), lambda v, rows: v)
@@ -116,18 +119,25 @@ def _one_of(values: tuple[Any, ...], where: str) -> Codec:
 
 def _optional(inner: Codec) -> Codec:
     return Codec(lambda v, rows: None if v is None else inner.encode(v, rows),
-                 lambda v, rows: None if v is None else inner.decode(v, rows))
+                 lambda v, rows: None if v is None else inner.decode(v, rows),
+                 inner.same | {type(None)} if inner.same else frozenset())
 
 
 def _sequence(make: Callable[[Any], Any], item: Codec, where: str) -> Codec:
-    return Codec(lambda v, rows: [item.encode(x, rows) for x in v],
-                 lambda v, rows: make(item.decode(x, rows) for x in _expect(v, (list,), where)))
+    def decode(v: Any, rows: Rows) -> Any:
+        if item.same and all(type(x) in item.same for x in _expect(v, (list,), where)):
+            return make(v)  # token ids, logprobs: checked at once
+        return make(item.decode(x, rows) for x in _expect(v, (list,), where))
+
+    return Codec(lambda v, rows: [item.encode(x, rows) for x in v], decode)
 
 
 def _fixed_tuple(items: list[Codec], where: str) -> Codec:
     def decode(v: Any, rows: Rows) -> tuple[Any, ...]:
         if len(_expect(v, (list,), where)) != len(items):
             raise ValueError(f"{where}: {len(v)} items where the type says {len(items)}")
+        if all(type(x) in c.same for c, x in zip(items, v, strict=True)):
+            return tuple(v)  # top-2 pairs: checked at once
         return tuple(c.decode(x, rows) for c, x in zip(items, v, strict=True))
 
     return Codec(lambda v, rows: [c.encode(x, rows) for c, x in zip(items, v, strict=True)], decode)
@@ -219,17 +229,22 @@ class _Builder:
         def encode(v: Any, rows: Rows) -> dict[str, Any]:
             return {n: c.encode(getattr(v, n), rows) for n, c in codecs.items()}
 
+        expected = frozenset(names)
+        same: list[tuple[str, frozenset[type]]] = []  # the fields whose JSON is their value, when of these types
+
         def decode(v: Any, rows: Rows) -> Any:
-            got = set(_expect(v, (dict,), cls.__name__))
-            if got != set(names):
-                missing, unknown = sorted(set(names) - got), sorted(got - set(names), key=str)
+            if _expect(v, (dict,), cls.__name__).keys() != expected:
+                missing, unknown = sorted(expected - set(v)), sorted(set(v) - expected, key=str)
                 raise KeyError(f"{cls.__name__}: fields missing {missing}, unknown {unknown}")
-            return cls(**{n: c.decode(v[n], rows) for n, c in codecs.items()})
+            if not all(type(v[n]) in types for n, types in same):
+                return cls(**{n: c.decode(v[n], rows) for n, c in codecs.items()})  # raises, naming the field
+            return cls(**{n: v[n] if c.same else c.decode(v[n], rows) for n, c in codecs.items()})
 
         self.dataclasses[cls] = Codec(encode, decode)
         for n in names:
             self.unused.discard((cls, n))
             codecs[n] = self.build(self.retype.get((cls, n), hints[n]), f"{cls.__name__}.{n}")
+        same.extend((n, c.same) for n, c in codecs.items() if c.same)
         return self.dataclasses[cls]
 
 
