@@ -13,10 +13,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oracle.errors import ConfigError, OracleError
 from oracle.lifecycle import signals
 from oracle.lifecycle.exit_trap import ExitCalled
+
+if TYPE_CHECKING:
+    from oracle.config import Config
 
 
 def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -179,37 +183,11 @@ def _run(args: argparse.Namespace) -> int:
     # A signal while these load is held until they are whole, then raised: the handler that replaces an
     # earlier run's report imports them again, and a module cut in half by the signal would break it.
     with signals.deferred():
-        from oracle.config import load_config
+        import oracle.config  # noqa: F401 - _checked_config's
         from oracle.lifecycle import supervise
-        from oracle.lifecycle.run_guard import RunGuard, replace_stale_report
+        from oracle.lifecycle.run_guard import RunGuard
 
-    overrides: dict[str, object] = {}
-    if args.trials is not None:
-        overrides["schedule.trials"] = args.trials
-    if args.model is not None:  # a folder given on the command line is the working directory's, not the config's
-        overrides["model"] = str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
-    flags = {"schedule.trials": "--trials", "model": "--model"}
-    for field, value in args.settings:  # --trials and --model win over a --set of the same field
-        if field not in overrides:
-            overrides[field] = value
-            flags[field] = f"--set {field}"
-    try:
-        config = load_config(args.config, overrides or None, flags={k: flags[k] for k in overrides} or None)
-        from oracle.engines import check_engine_packages
-
-        check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
-        from oracle.device import check_device
-
-        check_device(config.engine)  # so is a CUDA device this torch cannot give
-        if args.shard is not None and args.seed is None and config.schedule.seed is None:
-            # Each shard draws the whole schedule from the seed and keeps its slice: a seed drawn per process
-            # would slice a different schedule in every shard.
-            raise ConfigError("--shard: give every shard the same --seed S (or set schedule.seed in the config); "
-                              "without one each shard would draw its own schedule")
-    except (OracleError, KeyboardInterrupt) as e:
-        # An earlier run's report in the folder this run would write must not outlive this failure.
-        replace_stale_report(args.config, args.report_dir, e)
-        raise
+    config = _checked_config(args)
     report_dir = args.report_dir or Path(config.report_dir)
     # Checked, and any earlier run's report replaced by a "started" one, before any model is made.
     blame = "--report-dir" if args.report_dir else None
@@ -240,6 +218,47 @@ def _run(args: argparse.Namespace) -> int:
     if report.error:
         _err(f"oracle: error: {report.error} (partial report in {report_dir})")
     return report.exit_code()
+
+
+def _overrides(args: argparse.Namespace) -> tuple[dict[str, object], dict[str, str]]:
+    """The fields the command line sets (--trials, --model, --set) and the flag that set each."""
+    overrides: dict[str, object] = {}
+    if args.trials is not None:
+        overrides["schedule.trials"] = args.trials
+    if args.model is not None:  # a folder given on the command line is the working directory's, not the config's
+        overrides["model"] = str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
+    flags = {"schedule.trials": "--trials", "model": "--model"}
+    for field, value in args.settings:  # --trials and --model win over a --set of the same field
+        if field not in overrides:
+            overrides[field] = value
+            flags[field] = f"--set {field}"
+    return overrides, {k: flags[k] for k in overrides}
+
+
+def _checked_config(args: argparse.Namespace) -> Config:
+    """`oracle run`'s config with the command line's settings, its engine's packages and device checked; on
+    a failure, an earlier run's report in the folder this run would write is replaced (it must not outlive it)."""
+    from oracle.config import load_config
+    from oracle.lifecycle.run_guard import replace_stale_report
+
+    overrides, flags = _overrides(args)
+    try:
+        config = load_config(args.config, overrides or None, flags=flags or None)
+        from oracle.engines import check_engine_packages
+
+        check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
+        from oracle.device import check_device
+
+        check_device(config.engine)  # so is a CUDA device this torch cannot give
+        if args.shard is not None and args.seed is None and config.schedule.seed is None:
+            # Each shard draws the whole schedule from the seed and keeps its slice: a seed drawn per process
+            # would slice a different schedule in every shard.
+            raise ConfigError("--shard: give every shard the same --seed S (or set schedule.seed in the config); "
+                              "without one each shard would draw its own schedule")
+    except (OracleError, KeyboardInterrupt) as e:
+        replace_stale_report(args.config, args.report_dir, e)
+        raise
+    return config
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -410,15 +429,7 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
             _err(f"oracle: error: {e}")
             return e.exit_code
         except KeyboardInterrupt as e:
-            where = getattr(e, "report_dir", None)
-            if where is None and args.command == "run":  # stopped before the run's guard was in place
-                from oracle.lifecycle.run_guard import replace_stale_report
-
-                replace_stale_report(args.config, args.report_dir, e)
-                where = getattr(e, "report_dir", None)
-            told = f"the report in {where} says so" if where else "no report was written"
-            _err(f"oracle: {signals.describe(e)}; stopped ({told})")
-            return signals.exit_code_of(e)
+            return _stopped(args, e)
         except SystemExit as e:  # from an engine or a user's module: never a silent pass
             print(f"oracle: error: {e} was called during the run" if isinstance(e, ExitCalled)
                   else f"oracle: error: sys.exit({e.code!r}) was called during the run", file=sys.stderr)
@@ -429,6 +440,19 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
         except Exception as e:  # a case no handler names: one line and exit 3, never a traceback and exit 1
             _err(f"oracle: error: {type(e).__name__}: {e}")
             return 3
+
+
+def _stopped(args: argparse.Namespace, e: KeyboardInterrupt) -> int:
+    """A signal stopped the command: say where its report says so, and exit 130/143."""
+    where = getattr(e, "report_dir", None)
+    if where is None and args.command == "run":  # stopped before the run's guard was in place
+        from oracle.lifecycle.run_guard import replace_stale_report
+
+        replace_stale_report(args.config, args.report_dir, e)
+        where = getattr(e, "report_dir", None)
+    told = f"the report in {where} says so" if where else "no report was written"
+    _err(f"oracle: {signals.describe(e)}; stopped ({told})")
+    return signals.exit_code_of(e)
 
 
 def entry() -> None:

@@ -353,6 +353,24 @@ class ChecksConfig(_Strict):
     tp_parity: TpParityConfig = Field(default_factory=TpParityConfig)  # type: ignore[arg-type]
 
 
+def _fidelity_defaults(engine: Any) -> dict[str, float] | None:
+    """The fidelity tolerances of the engine's dtype, where they are not float32's (the fields' own defaults)."""
+    dtype = engine.get("dtype") if isinstance(engine, dict) else getattr(engine, "dtype", None)
+    return FIDELITY_DEFAULTS.get(dtype) if isinstance(dtype, str) and dtype != "float32" else None
+
+
+def _fidelity_section(fidelity: Any) -> dict[str, Any] | None:
+    """`checks.fidelity` as a mapping (a bare requirement or bool made one, absent an empty one); None for a
+    FidelityConfig already, or a wrong type that validation names."""
+    if isinstance(fidelity, bool):
+        return {"requirement": "required" if fidelity else "off"}
+    if isinstance(fidelity, str):
+        return {"requirement": fidelity}
+    if fidelity is None:
+        return {}
+    return fidelity if isinstance(fidelity, dict) else None
+
+
 class Config(_Strict):
     model: str = Field(description="preset:NAME (made into a cache on first use), a checkpoint directory, "
                                    "or a Hugging Face hub id org/name (fetched into the hub cache)")
@@ -378,19 +396,12 @@ class Config(_Strict):
         """Fidelity's tolerances the config leaves out take engine.dtype's defaults (FIDELITY_DEFAULTS)."""
         if not isinstance(data, dict):
             return data
-        engine, checks = data.get("engine"), data.get("checks")
-        dtype = engine.get("dtype") if isinstance(engine, dict) else getattr(engine, "dtype", None)
-        defaults = FIDELITY_DEFAULTS.get(dtype) if isinstance(dtype, str) and dtype != "float32" else None
+        checks = data.get("checks")
+        defaults = _fidelity_defaults(data.get("engine"))
         if defaults is None or (checks is not None and not isinstance(checks, dict)):
             return data
-        fidelity = (checks or {}).get("fidelity")
-        if isinstance(fidelity, bool):
-            fidelity = {"requirement": "required" if fidelity else "off"}
-        elif isinstance(fidelity, str):
-            fidelity = {"requirement": fidelity}
-        elif fidelity is None:
-            fidelity = {}
-        if not isinstance(fidelity, dict):
+        fidelity = _fidelity_section((checks or {}).get("fidelity"))
+        if fidelity is None:
             return data  # a FidelityConfig already, or a wrong type that validation names
         return {**data, "checks": {**(checks or {}), "fidelity": {**defaults, **fidelity}}}
 
@@ -402,9 +413,7 @@ class Config(_Strict):
                   if field == dotted or field.startswith(dotted + ".") or re.search(rf"\b{re.escape(dotted)}\b", message)]
         if blamed:
             return ConfigError(f"{', '.join(blamed)}: {field}: {message}")
-        line = _line_of(self._text, loc) if self._text else None
-        where = f"{self._source}:{line}" if line else self._source
-        return ConfigError(f"{where}: {'.'.join(str(x) for x in loc)}: {message}")
+        return ConfigError(f"{_where(self._source, self._text, loc)}: {'.'.join(str(x) for x in loc)}: {message}")
 
     def model_post_init(self, context: Any, /) -> None:
         self.engine._base_dir = self.base_dir  # custom engines import from the config's folder too
@@ -550,24 +559,32 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = [str(x) for x in err["loc"]]
-        field = ".".join(loc) or "<root>"
-        msg = _error_text(err)
-        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        # The flag whose field is the error's, below it (a wrong value inside it) or above it (`--set foo.bar=1`:
-        # the section `foo` is unknown).
-        flag = next(((f, dotted) for dotted, f in (flags or {}).items()
-                     if field == dotted or field.startswith(dotted + ".") or dotted.startswith(field + ".")), None)
-        if flag is not None:
-            at = "" if flag[1] == field else f"{field}: "
-            raise ConfigError(f"{flag[0]}: {at}{msg} (got {_shown_input(err.get('input'))})") from e
-        line = _line_of(text, err["loc"]) if text else None
-        where = f"{source}:{line}" if line else source
-        raise ConfigError(f"{where}: {field}: {msg}{more}") from e
+        raise _validation_error(e, source, text, flags or {}) from e
     config._source, config._text, config._flags = source, text, dict(flags or {})
     _cross_check(config)
     return config
+
+
+def _validation_error(e: ValidationError, source: str, text: str | None, flags: dict[str, str]) -> ConfigError:
+    """The first problem, blamed on the flag that set its field, else on the file and line."""
+    err = e.errors()[0]
+    field = ".".join(str(x) for x in err["loc"]) or "<root>"
+    msg = _error_text(err)
+    # The flag whose field is the error's, below it (a wrong value inside it) or above it (`--set foo.bar=1`:
+    # the section `foo` is unknown).
+    flag = next(((f, dotted) for dotted, f in flags.items()
+                 if field == dotted or field.startswith(dotted + ".") or dotted.startswith(field + ".")), None)
+    if flag is not None:
+        at = "" if flag[1] == field else f"{field}: "
+        return ConfigError(f"{flag[0]}: {at}{msg} (got {_shown_input(err.get('input'))})")
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return ConfigError(f"{_where(source, text, err['loc'])}: {field}: {msg}{more}")
+
+
+def _where(source: str, text: str | None, loc: tuple[Any, ...]) -> str:
+    """`file:line` of the field at `loc`, or the file alone where its text or the field's line is not known."""
+    line = _line_of(text, loc) if text else None
+    return f"{source}:{line}" if line else source
 
 
 def _shown_input(value: Any) -> str:
@@ -609,18 +626,20 @@ def _check_strings(data: Any, source: str, text: str | None) -> None:
 
 
 def _check_string(value: str, loc: tuple[str | int, ...], source: str, text: str | None, key: bool = False) -> None:
-    problem = None
+    problem = _string_problem(value, loc, key)
+    if problem is not None:
+        field = ".".join(str(x) for x in loc) or "<root>"
+        raise ConfigError(f"{_where(source, text, loc)}: {field}: {'key ' if key else ''}{problem}")
+
+
+def _string_problem(value: str, loc: tuple[str | int, ...], key: bool) -> str | None:
+    """A lone surrogate, or a NUL byte outside a prompt's text; None for a string a file can hold."""
     surrogate = _SURROGATE.search(value)
     if surrogate is not None:
-        problem = f"not valid Unicode: a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}"
-    elif "\x00" in value and (key or loc[:2] != ("prompts", "texts")):
-        problem = f"holds a NUL byte at character {value.index(chr(0))}"
-    if problem is None:
-        return
-    field = ".".join(str(x) for x in loc) or "<root>"
-    line = _line_of(text, loc) if text else None
-    where = f"{source}:{line}" if line else source
-    raise ConfigError(f"{where}: {field}: {'key ' if key else ''}{problem}")
+        return f"not valid Unicode: a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}"
+    if "\x00" in value and (key or loc[:2] != ("prompts", "texts")):
+        return f"holds a NUL byte at character {value.index(chr(0))}"
+    return None
 
 
 def _cross_check(config: Config) -> None:

@@ -82,20 +82,15 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     """Write the example for `engine` (or the example `name`; default: the native engine's) to `path`, and
     the files a file example needs beside it; refuses to overwrite any file (or to write through a symbolic
     link) unless `force`. Returns the example's name."""
-    if engine is not None and engine not in BY_ENGINE:
-        raise ConfigError(f"--engine: no example config for {engine!r}; one of {', '.join(BY_ENGINE)}")
-    chosen = name or BY_ENGINE[engine or "native"]
+    chosen = _chosen(engine, name)
     text = example_text(chosen)
     extra = FILE_EXAMPLES.get(chosen, FileExample(""))
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the file to write")
     targets = {path: text, **{path.parent / f: (files_dir() / f).read_text(encoding="utf-8") for f in extra.beside}}
-    for target in targets:
-        if target.is_symlink() and not force:  # dangling or not: writing through it would write where it points
-            raise ConfigError(f"{target}: is a symbolic link (to {os.readlink(target)}); give the file's own "
-                              "path, or pass --force to replace the link itself")
-        if target.exists() and not force:
-            raise ConfigError(f"{target}: already exists; pass --force to overwrite it")
+    if not force:
+        for target in targets:
+            _refuse_to_replace(target)
     if extra.is_config:
         targets[path] = (f"# Written by `oracle config init` from the example {chosen}; `oracle run {path}` "
                          "runs it.\n" + text)
@@ -106,6 +101,22 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the example ({e.strerror or e})") from e
     return chosen
+
+
+def _chosen(engine: str | None, name: str | None) -> str:
+    """The example's name: `name`, else the engine kind's (the native engine's by default)."""
+    if engine is not None and engine not in BY_ENGINE:
+        raise ConfigError(f"--engine: no example config for {engine!r}; one of {', '.join(BY_ENGINE)}")
+    return name or BY_ENGINE[engine or "native"]
+
+
+def _refuse_to_replace(target: Path) -> None:
+    """ConfigError where `target` is a file or a symbolic link already (without --force)."""
+    if target.is_symlink():  # dangling or not: writing through it would write where it points
+        raise ConfigError(f"{target}: is a symbolic link (to {os.readlink(target)}); give the file's own "
+                          "path, or pass --force to replace the link itself")
+    if target.exists():
+        raise ConfigError(f"{target}: already exists; pass --force to overwrite it")
 
 
 def _write_new(path: Path, content: str, force: bool) -> None:

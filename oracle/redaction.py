@@ -116,28 +116,46 @@ def _redact(value: Any, found: set[str], env: bool, key: str | None) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value  # a secret is text: numbers under a secret-looking name (`key_dim: 64`) are kept
     named = key is not None and is_secret_name(key)
-    if named or (key is not None and env and isinstance(value, str) and not _safe_var(key)):
-        if isinstance(value, (dict, list)):
-            _collect(value, found)
-            return hint(_flat(value))
-        if isinstance(value, str) and (value == "" or is_hint(value)):
-            return value
-        # An unknown variable's value (`MY_DTYPE: bfloat16`) is hidden here, but searched for in free
-        # text only when it looks like a token: else every "bfloat16" in a message would go too.
-        if named or _looks_like_token(str(value)):
-            found.add(str(value))
-        return hint(value)
+    if named or _unknown_variable(value, env, key):
+        return _hidden(value, found, named)
     if isinstance(value, dict):
-        # Inside an environment mapping, a nested mapping (`mode_env.invariant`) is one too.
-        inner_env = env or (key is not None and key.lower() in _ENV_KEYS)
-        return {k: _redact(v, found, inner_env, str(k)) for k, v in value.items()}
+        return _redact_dict(value, found, env, key)
     if isinstance(value, list):
-        if value and all(isinstance(x, str) for x in value):
-            return _redact_argv(value, found)
-        return [_redact(v, found, False, None) for v in value]
-    if isinstance(value, str):
-        return _redact_string(value, found)
-    return value
+        return _redact_list(value, found)
+    return _redact_string(value, found) if isinstance(value, str) else value
+
+
+def _redact_dict(value: dict[Any, Any], found: set[str], env: bool, key: str | None) -> dict[Any, Any]:
+    # Inside an environment mapping, a nested mapping (`mode_env.invariant`) is one too.
+    inner_env = env or (key is not None and key.lower() in _ENV_KEYS)
+    return {k: _redact(v, found, inner_env, str(k)) for k, v in value.items()}
+
+
+def _unknown_variable(value: Any, env: bool, key: str | None) -> bool:
+    """A string in an environment mapping whose variable is not a known determinism setting."""
+    return key is not None and env and isinstance(value, str) and not _safe_var(key)
+
+
+def _hidden(value: Any, found: set[str], named: bool) -> Any:
+    """A secret's value as its hint (a container's as one hint, every scalar in it found); an empty value or
+    a hint already stays as it is."""
+    if isinstance(value, (dict, list)):
+        _collect(value, found)
+        return hint(_flat(value))
+    if isinstance(value, str) and (value == "" or is_hint(value)):
+        return value
+    # An unknown variable's value (`MY_DTYPE: bfloat16`) is hidden here, but searched for in free
+    # text only when it looks like a token: else every "bfloat16" in a message would go too.
+    if named or _looks_like_token(str(value)):
+        found.add(str(value))
+    return hint(value)
+
+
+def _redact_list(value: list[Any], found: set[str]) -> list[Any]:
+    """A list of strings is a command line; any other list is redacted element by element."""
+    if value and all(isinstance(x, str) for x in value):
+        return _redact_argv(value, found)
+    return [_redact(v, found, False, None) for v in value]
 
 
 def _looks_like_token(value: str) -> bool:
@@ -173,18 +191,19 @@ def _redact_argv(argv: list[str], found: set[str]) -> list[str]:
             out.append(hint(word))
             secret_next = False
             continue
-        secret_next = False
-        name, eq, val = word.partition("=")
-        if word.startswith("-") and not eq and is_secret_name(word.lstrip("-")):
-            secret_next = True
-            out.append(word)
-        elif eq and val and not is_hint(val) and re.fullmatch(r"-{0,2}[A-Za-z_][A-Za-z0-9_.\-]*", name) \
-                and is_secret_name(name.lstrip("-")):
-            found.add(val)
-            out.append(f"{name}={hint(val)}")
-        else:
-            out.append(_redact_string(word, found))
+        secret_next = word.startswith("-") and "=" not in word and is_secret_name(word.lstrip("-"))
+        out.append(word if secret_next else _redact_word(word, found))
     return out
+
+
+def _redact_word(word: str, found: set[str]) -> str:
+    """A command line's word: the value of `--api-key=X` and of `HF_TOKEN=X`, else a lone string's rules."""
+    name, eq, val = word.partition("=")
+    if eq and val and not is_hint(val) and re.fullmatch(r"-{0,2}[A-Za-z_][A-Za-z0-9_.\-]*", name) \
+            and is_secret_name(name.lstrip("-")):
+        found.add(val)
+        return f"{name}={hint(val)}"
+    return _redact_string(word, found)
 
 
 def _redact_string(text: str, found: set[str]) -> str:

@@ -76,6 +76,23 @@ _MARKER_TYPES: dict[str, tuple[type, ...]] = {
 
 def validate_marker(mark: pytest.Mark, test_dir: Path) -> MarkerSettings:
     """Raise ValueError naming the argument on a positional argument, an unknown name or a wrong type."""
+    _check_names(mark)
+    for name, value in mark.kwargs.items():
+        _check_type(name, value)
+    kw = dict(mark.kwargs)
+    for name, low in (("trials", 1), ("seed", 0)):
+        if kw.get(name) is not None and kw[name] < low:
+            raise ValueError(f"{name}= must be >= {low}, got {kw[name]}")
+    if "checks" in kw:
+        _validate_checks(kw["checks"])
+    if "config" in kw:
+        path = Path(kw["config"]).expanduser()
+        kw["config"] = path if path.is_absolute() else test_dir / path
+    return MarkerSettings(**kw)
+
+
+def _check_names(mark: pytest.Mark) -> None:
+    """Keyword arguments only, each one the marker knows."""
     if mark.args:
         raise ValueError(f"takes keyword arguments only ({', '.join(f'{k}=' for k in _MARKER_TYPES)}), "
                          f"got positional {mark.args!r}")
@@ -83,22 +100,13 @@ def validate_marker(mark: pytest.Mark, test_dir: Path) -> MarkerSettings:
     if unknown:
         raise ValueError(f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                          f"expected some of {', '.join(_MARKER_TYPES)}")
-    for name, value in mark.kwargs.items():
-        types = _MARKER_TYPES[name]
-        if isinstance(value, bool) or not isinstance(value, types):
-            want = " or ".join("path" if t is os.PathLike else t.__name__ for t in types)
-            raise ValueError(f"{name}= must be {want}, got {type(value).__name__} {value!r}")
-    kw = dict(mark.kwargs)
-    if kw.get("trials") is not None and kw["trials"] < 1:
-        raise ValueError(f"trials= must be >= 1, got {kw['trials']}")
-    if kw.get("seed") is not None and kw["seed"] < 0:
-        raise ValueError(f"seed= must be >= 0, got {kw['seed']}")
-    if "checks" in kw:
-        _validate_checks(kw["checks"])
-    if "config" in kw:
-        path = Path(kw["config"]).expanduser()
-        kw["config"] = path if path.is_absolute() else test_dir / path
-    return MarkerSettings(**kw)
+
+
+def _check_type(name: str, value: object) -> None:
+    types = _MARKER_TYPES[name]
+    if isinstance(value, bool) or not isinstance(value, types):
+        want = " or ".join("path" if t is os.PathLike else t.__name__ for t in types)
+        raise ValueError(f"{name}= must be {want}, got {type(value).__name__} {value!r}")
 
 
 def _validate_checks(checks: dict[str, Any]) -> None:
@@ -322,31 +330,11 @@ class OracleSession:
         if model is not None:
             data["model"] = str(model)
         if engine is not None:
-            kind = engine if isinstance(engine, str) else engine.get("kind")
-            base = data.get("engine", {})
-            if isinstance(kind, str) and ":" in kind and kind != base.get("kind", "native"):
-                # The base's engine fields and options were written for its own kind; a custom engine is
-                # given the fields its constructor names (oracle.engines.custom_engine_kwargs), at their defaults.
-                base = {k: v for k, v in base.items() if k in ("preload", "timeout_s")}
-            data["engine"] = dict(base)
-            _merge(data["engine"], {"kind": engine} if isinstance(engine, str) else engine)
+            _apply_engine(data, engine)
         if prompts is not None:
             data["prompts"] = prompts_section(prompts, run_dir)
-        for name, value in (checks or {}).items():
-            node = data.setdefault("checks", {})
-            if isinstance(value, str) and isinstance(node.get(name), dict):
-                node[name] = {**node[name], "requirement": value}
-            else:
-                node[name] = copy.deepcopy(value)
-        for key, value in overrides.items():
-            path = key.split("__")
-            node = data
-            for k in path[:-1]:
-                node = node.setdefault(k, {})
-            if isinstance(value, Mapping) and isinstance(node.get(path[-1]), dict):
-                _merge(node[path[-1]], value)
-            else:
-                node[path[-1]] = copy.deepcopy(value)
+        _apply_checks(data, checks or {})
+        _apply_overrides(data, overrides)
         data.setdefault("base_dir", str(self._test_dir()))
         return data
 
@@ -390,20 +378,57 @@ def prompts_section(prompts: Prompts, run_dir: Path) -> dict[str, Any]:
     items = [prompts] if isinstance(prompts, str) else list(prompts)
     if not items:
         raise ValueError("prompts is empty")
-    rows: list[dict[str, Any]] = []
-    for i, p in enumerate(items):
-        if isinstance(p, str):
-            rows.append({"name": f"prompt-{i}", "prompt": p})
-        elif isinstance(p, Sequence) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            rows.append({"name": f"prompt-{i}", "prompt_token_ids": list(p)})
-        else:
-            raise TypeError(f"prompts[{i}]: expected a string or a non-empty list of token ids, got {p!r}")
+    rows = [_prompt_row(i, p) for i, p in enumerate(items)]
     if all("prompt" in r for r in rows):
         return {"texts": [r["prompt"] for r in rows]}
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"file": str(path.resolve())}
+
+
+def _prompt_row(i: int, p: object) -> dict[str, Any]:
+    """A prompts file's row for a text or a non-empty list of token ids; TypeError for anything else."""
+    if isinstance(p, str):
+        return {"name": f"prompt-{i}", "prompt": p}
+    if isinstance(p, Sequence) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return {"name": f"prompt-{i}", "prompt_token_ids": list(p)}
+    raise TypeError(f"prompts[{i}]: expected a string or a non-empty list of token ids, got {p!r}")
+
+
+def _apply_engine(data: dict[str, Any], engine: str | Mapping[str, Any]) -> None:
+    """`engine=`: a kind, or engine fields, over the base config's engine."""
+    kind = engine if isinstance(engine, str) else engine.get("kind")
+    base = data.get("engine", {})
+    if isinstance(kind, str) and ":" in kind and kind != base.get("kind", "native"):
+        # The base's engine fields and options were written for its own kind; a custom engine is
+        # given the fields its constructor names (oracle.engines.custom_engine_kwargs), at their defaults.
+        base = {k: v for k, v in base.items() if k in ("preload", "timeout_s")}
+    data["engine"] = dict(base)
+    _merge(data["engine"], {"kind": engine} if isinstance(engine, str) else engine)
+
+
+def _apply_checks(data: dict[str, Any], checks: Mapping[str, Any]) -> None:
+    """`checks=`: a check's requirement (a string, kept with its other settings) or its whole section."""
+    for name, value in checks.items():
+        node = data.setdefault("checks", {})
+        if isinstance(value, str) and isinstance(node.get(name), dict):
+            node[name] = {**node[name], "requirement": value}
+        else:
+            node[name] = copy.deepcopy(value)
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """`schedule__trials=8`: each `__`-separated path set, a mapping merged into the mapping it lands on."""
+    for key, value in overrides.items():
+        path = key.split("__")
+        node = data
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        if isinstance(value, Mapping) and isinstance(node.get(path[-1]), dict):
+            _merge(node[path[-1]], value)
+        else:
+            node[path[-1]] = copy.deepcopy(value)
 
 
 def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:

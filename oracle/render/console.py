@@ -212,36 +212,51 @@ def _replay_lines(console: Console, report: Report, report_path: str, checks: Se
             console.print(f"{check}: replay: {terminal_text(command)}")
 
 
-def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord], max_rows: int, narrow: bool,
-                      replay: Callable[[int], str]) -> None:
-    shown = rows[:max_rows]
+def _caption(rows: list[DivergenceRecord], shown: list[DivergenceRecord]) -> str | None:
     notes = []
     if any(d.shrunk for d in shown):
         notes.append("* the shrunk minimal trial")
     if len(rows) > len(shown):
         notes.append(f"... and {len(rows) - len(shown)} more in report.json")
+    return "; ".join(notes) or None
+
+
+def _divergence_cells(d: DivergenceRecord, narrow: bool) -> list[str]:
+    trial = "" if d.trial_id is None else str(d.trial_id)
+    cells = [terminal_text(d.target), trial + ("*" if d.shrunk else ""), str(d.step), d.kind,
+             f"{d.expected_token}->{d.actual_token}", ulp_text(d), _fmt(d.max_abs_logits_diff)]
+    if not narrow:
+        cells += [_fmt(d.reference_margin), terminal_text(d.evidence.get("num_seqs", ""))]
+    return cells
+
+
+def _shrunk_line(d: DivergenceRecord, replay: Callable[[int], str]) -> str | None:
+    """The shrunk trial's size, batch, position and replay command; None for a divergence that is not one."""
+    if not d.shrunk or d.trial_id is None:
+        return None
+    size = "minimal" if d.evidence.get("minimal") else "smallest found"
+    batch = len(d.trial.fillers) + 1 if d.trial else "?"
+    position = d.trial.position if d.trial else "?"
+    return (f"{size} failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
+            f"{terminal_text(d.target)} at position {position}; replay: {terminal_text(replay(d.trial_id))}")
+
+
+def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord], max_rows: int, narrow: bool,
+                      replay: Callable[[int], str]) -> None:
+    shown = rows[:max_rows]
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              caption="; ".join(notes) or None, caption_justify="left")
+              caption=_caption(rows, shown), caption_justify="left")
     t.add_column("target", min_width=8, max_width=24 if narrow else 48, overflow="ellipsis", no_wrap=True)
     cols = ["trial", "step", "kind", "tokens", "ulp", "|dlogit|"] + ([] if narrow else ["margin", "seqs"])
     for col in cols:
         t.add_column(col, no_wrap=True, justify="right" if col not in ("kind", "tokens") else "left")
     for d in shown:
-        trial = "" if d.trial_id is None else str(d.trial_id)
-        cells = [terminal_text(d.target), trial + ("*" if d.shrunk else ""), str(d.step), d.kind,
-                 f"{d.expected_token}->{d.actual_token}", ulp_text(d), _fmt(d.max_abs_logits_diff)]
-        if not narrow:
-            cells += [_fmt(d.reference_margin), terminal_text(d.evidence.get("num_seqs", ""))]
-        t.add_row(*cells, style="bold" if d.shrunk else None)
+        t.add_row(*_divergence_cells(d, narrow), style="bold" if d.shrunk else None)
     console.print(t)
     for d in shown:
-        if d.shrunk and d.trial_id is not None:
-            size = "minimal" if d.evidence.get("minimal") else "smallest found"
-            batch = len(d.trial.fillers) + 1 if d.trial else "?"
-            position = d.trial.position if d.trial else "?"
-            console.print(f"{size} failing trial (shrunk): trial {d.trial_id}, batch {batch}, target "
-                          f"{terminal_text(d.target)} at position {position}; replay: "
-                          f"{terminal_text(replay(d.trial_id))}", style="bold")
+        shrunk = _shrunk_line(d, replay)
+        if shrunk:
+            console.print(shrunk, style="bold")
         where = localized_line(d)
         if where:
             console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")

@@ -11,7 +11,7 @@ is made XML 1.0 safe (see oracle.render.escape), whatever the target names or er
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Literal, TypeAlias
 from xml.etree import ElementTree as ET
@@ -70,10 +70,9 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
                  targets: set[str], report_path: str) -> None:
     """A check's testsuite: a testcase per target, and an `all targets` one for a verdict no target explains."""
     suite = _el(suites, "testsuite", name=f"oracle.{c.name}")
-    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    golden = {str(g.get("target")): g for g in c.evidence.get("differing", [])} if c.name == "golden" else {}
+    golden = _golden_targets(c)
     outcomes = [_target_case(suite, report, c, target, divs_of.get(target, []), target in golden, report_path)
-                for target in sorted(targets | set(divs_of) | set(golden))]
+                for target in sorted(targets | set(divs_of) | golden)]
     errored = c.verdict == "error" and c.blocks
     if not errored and "failures" not in outcomes and (c.blocks or not outcomes):
         # A verdict with no target to blame: fidelity tolerances, a vacuous schedule, no targets at all.
@@ -81,12 +80,38 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
     elif c.verdict in _SKIPPED and not c.blocks:
         # A warn-level vacuous check is a note on its suite, not a failure.
         _el(suite, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
-    counts["tests"] = len(outcomes)
-    for outcome in outcomes:
-        if outcome is not None:
-            counts[outcome] += 1
-    for key, value in counts.items():
-        suite.set(key, str(value))
+    _set_counts(suite, outcomes)
+
+
+def _golden_targets(c: CheckResult) -> set[str]:
+    """The targets a golden check found different (none for any other check)."""
+    if c.name != "golden":
+        return set()
+    return {str(g.get("target")) for g in c.evidence.get("differing", [])}
+
+
+def _set_counts(suite: ET.Element, outcomes: list[Outcome]) -> None:
+    counts = Counter(o for o in outcomes if o is not None)
+    suite.set("tests", str(len(outcomes)))
+    for key in ("failures", "errors", "skipped"):
+        suite.set(key, str(counts[key]))
+
+
+def _detail(report: Report, c: CheckResult, target: str, divs: list[DivergenceRecord], golden: bool,
+            report_path: str) -> str:
+    """What a target's case says it found: its golden differences, or its divergences and the replay command."""
+    if golden:
+        return "\n".join(ln for ln in golden_lines(c) if f"target {target}:" in ln or "changed since" in ln)
+    detail = "\n".join(_describe(d) for d in divs[:_MAX_LISTED])
+    if len(divs) > _MAX_LISTED:
+        detail += f"\n... and {len(divs) - _MAX_LISTED} more in report.json"
+    # The target's first divergence in a trial, the shrunk one where it has one.
+    command = _first_replay(report, report_path, divs)
+    return detail if command is None else f"{detail}\nreplay: {command}"
+
+
+def _first_replay(report: Report, report_path: str, divs: list[DivergenceRecord]) -> str | None:
+    return next((line for line in (replay_line(report, report_path, d) for d in divs) if line), None)
 
 
 def _target_case(suite: ET.Element, report: Report, c: CheckResult, target: str, divs: list[DivergenceRecord],
@@ -95,29 +120,30 @@ def _target_case(suite: ET.Element, report: Report, c: CheckResult, target: str,
     an error where a blocking check errored, else its findings and verdict as output."""
     case = _el(suite, "testcase", classname=f"oracle.{c.name}", name=target)
     _properties(case, {"requirement": c.requirement, "verdict": shown_verdict(c), "divergences": len(divs)})
-    detail = "\n".join(_describe(d) for d in divs[:_MAX_LISTED])
-    if len(divs) > _MAX_LISTED:
-        detail += f"\n... and {len(divs) - _MAX_LISTED} more in report.json"
-    command = next((line for line in (replay_line(report, report_path, d) for d in divs) if line), None)
-    if command is not None:  # the target's first divergence in a trial, the shrunk one where it has one
-        detail += f"\nreplay: {command}"
-    if golden:
-        detail = "\n".join(ln for ln in golden_lines(c) if f"target {target}:" in ln or "changed since" in ln)
+    detail = _detail(report, c, target, divs, golden, report_path)
     found = bool(divs) or golden
-    outcome: Outcome = None
-    if c.verdict == "error" and c.blocks:
-        outcome = "errors"
-        _el(case, "error", report.error or c.message, message=c.message or "check error")
-    elif found and c.blocks:
-        outcome = "failures"
-        what = f"{len(divs)} divergences" if divs else "differs from the golden file"
-        _el(case, "failure", detail, message=f"{c.name}: {target}: {what}")
-    elif found:
+    if found and not c.blocks:
         # Warn- and report-level findings (or a required check that passed with them): never a failure.
         _el(case, "system-out", f"{c.requirement}-level {c.name} finding ({shown_verdict(c)}):\n{detail}")
         return None
+    outcome = _blocked(case, report, c, target, len(divs), found, detail)
     _el(case, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
     return outcome
+
+
+def _blocked(case: ET.Element, report: Report, c: CheckResult, target: str, divergences: int, found: bool,
+             detail: str) -> Outcome:
+    """A blocking check's error, or its failure for a target it found something for; None otherwise."""
+    if not c.blocks:
+        return None
+    if c.verdict == "error":
+        _el(case, "error", report.error or c.message, message=c.message or "check error")
+        return "errors"
+    if not found:
+        return None
+    what = f"{divergences} divergences" if divergences else "differs from the golden file"
+    _el(case, "failure", detail, message=f"{c.name}: {target}: {what}")
+    return "failures"
 
 
 def _unblamed_case(suite: ET.Element, c: CheckResult) -> Outcome:

@@ -35,12 +35,7 @@ def _verdict_cell(c: CheckResult) -> str:
 
 def render_markdown(report: Report, max_rows: int = 10, report_path: str = "report.json") -> str:
     """The summary; `report_path`: where report.json is, for the replay command."""
-    lines = _head(report)
-    for c in report.checks:
-        if c.name == "golden" and c.verdict != "pass":
-            found = golden_lines(c)
-            if found:
-                lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
+    lines = _head(report) + _golden(report)
     replays = dict(replay_lines(report, report_path))
     for check in _CHECKS:
         rows = minimal_first(d for d in report.divergences if d.check == check)
@@ -48,16 +43,34 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
             lines += _divergence_section(check, rows, max_rows)
             if check in replays:  # a code span: shown literally
                 lines += ["", f"Replay: `{terminal_text(replays[check]).replace('`', '')}`"]
-    if report.variance_map is not None:
-        from oracle.variance_map import MAP_HEAD, map_rows, map_title
-
-        lines += ["", f"### {markdown_text(map_title(report.variance_map))}", "", "| " + " | ".join(MAP_HEAD) + " |",
-                  "| " + " | ".join("---" for _ in MAP_HEAD) + " |"]
-        lines += ["| " + " | ".join(markdown_text(x) for x in row) + " |" for row in map_rows(report.variance_map)]
-    if report.coverage:
-        lines += ["", "### coverage", "", "| condition | trials |", "| --- | ---: |"]
-        lines += [f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in report.coverage.items()]
+    lines += _variance_map(report) + _coverage(report)
     return "\n".join(lines) + "\n"
+
+
+def _golden(report: Report) -> list[str]:
+    lines: list[str] = []
+    for c in report.checks:
+        found = golden_lines(c) if c.name == "golden" and c.verdict != "pass" else []
+        if found:
+            lines += ["", "### golden: what differs", ""] + [f"- {markdown_text(x)}" for x in found]
+    return lines
+
+
+def _variance_map(report: Report) -> list[str]:
+    if report.variance_map is None:
+        return []
+    from oracle.variance_map import MAP_HEAD, map_rows, map_title
+
+    return ["", f"### {markdown_text(map_title(report.variance_map))}", "", "| " + " | ".join(MAP_HEAD) + " |",
+            "| " + " | ".join("---" for _ in MAP_HEAD) + " |",
+            *("| " + " | ".join(markdown_text(x) for x in row) + " |" for row in map_rows(report.variance_map))]
+
+
+def _coverage(report: Report) -> list[str]:
+    if not report.coverage:
+        return []
+    return ["", "### coverage", "", "| condition | trials |", "| --- | ---: |",
+            *(f"| {markdown_text(k)} | {markdown_text(v)} |" for k, v in report.coverage.items())]
 
 
 def _head(report: Report) -> list[str]:

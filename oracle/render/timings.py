@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from oracle.timings import PHASES
 
 _RUN = (("plan", "plan"), ("judge", "judge"), ("write", "write"), ("merge", "merge"))
+
+
+def _spent(timings: Mapping[str, float], prefix: str, labels: Iterable[tuple[str, str]],
+           floor: float | None = 0.05) -> list[str]:
+    """`label 1.2s` for each (key, label) whose `{prefix}{key}_s` is a number (of at least `floor`)."""
+    out = []
+    for key, label in labels:
+        v = timings.get(f"{prefix}{key}_s")
+        if isinstance(v, (int, float)) and (floor is None or v >= floor):
+            out.append(f"{label} {v:.1f}s")
+    return out
 
 
 def timing_line(timings: Mapping[str, float]) -> str | None:
@@ -14,16 +25,13 @@ def timing_line(timings: Mapping[str, float]) -> str | None:
     phases under 0.05 s left out; None for a report without the breakdown."""
     parts = []
     for mode in ("invariant", "production"):
-        phases = [f"{p.replace('_', ' ')} {timings[f'{mode}_{p}_s']:.1f}s" for p in PHASES
-                  if isinstance(timings.get(f"{mode}_{p}_s"), (int, float)) and timings[f"{mode}_{p}_s"] >= 0.05]
+        phases = _spent(timings, f"{mode}_", ((p, p.replace("_", " ")) for p in PHASES))
         if phases:
             parts.append(f"{mode}: " + ", ".join(phases))
-    merge = [f"{p} {timings[f'merge_{p}_s']:.1f}s" for p in PHASES if isinstance(timings.get(f"merge_{p}_s"),
-                                                                               (int, float))]
+    merge = _spent(timings, "merge_", ((p, p) for p in PHASES), floor=None)
     if merge:
         parts.append("merge's rerun: " + ", ".join(merge))
-    run = [f"{label} {timings[f'{key}_s']:.1f}s" for key, label in _RUN
-           if isinstance(timings.get(f"{key}_s"), (int, float)) and timings[f"{key}_s"] >= 0.05]
+    run = _spent(timings, "", _RUN)
     if "shards_wall_s" in timings:
         run.append(f"slowest shard {timings['shards_wall_s']:.1f}s (all shards {timings.get('shards_sum_s', 0):.1f}s)")
     if not parts and not run:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,32 +66,49 @@ def _load(folder: Path) -> tuple[Report, ShardResults]:
 
 def _same_run(folders: Sequence[Path], loaded: Sequence[tuple[Report, ShardResults]]) -> None:
     """Every shard of one run, each once; ConfigError naming the folder otherwise."""
-    first, (r0, s0) = folders[0], loaded[0]
     for folder, (r, s) in zip(folders[1:], loaded[1:], strict=True):
-        for what, a, b in (("oracle version", r0.oracle_version, r.oracle_version), ("seed", r0.seed, r.seed),
-                           ("shard count", s0.shard.count, s.shard.count)):
-            if a != b:
-                raise ConfigError(f"{folder}: shard {s.shard.name} has {what} {b}, {first} has {a}: "
-                                  "shards of different runs")
-        if r.config_digest != r0.config_digest:
-            differ = [f for f in config_differences(r0.config, r.config) if f not in WHERE_FIELDS]
-            if differ or not config_differences(r0.config, r.config):
-                # Nothing differs but a redacted value: a secret of the two configs differs.
-                shown = ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else "") if differ else \
-                    "a redacted secret (the reports show neither)"
-                raise ConfigError(f"{folder}: shard {s.shard.name}'s config differs from {first}'s in {shown} "
-                                  f"(config digest {r.config_digest[:12]}, {r0.config_digest[:12]}): shards of "
-                                  "different runs")
-            # Only where the config was read from differs (shards run from two working folders): the same run
-            # when the schedule, the targets and the references agree bitwise, which the merge checks next.
-        if s.shard.schedule != s0.shard.schedule or s.targets != s0.targets:
-            raise ConfigError(f"{folder}: shard {s.shard.name}'s schedule or targets differ from {first}'s")
+        _same_as_first(folders[0], loaded[0], folder, r, s)
+    _each_once(folders, loaded)
+
+
+def _same_as_first(first: Path, first_loaded: tuple[Report, ShardResults], folder: Path, r: Report,
+                   s: ShardResults) -> None:
+    """Shard `s` (in `folder`) is of the first shard's run: oracle version, seed, shard count, config, schedule
+    and targets."""
+    r0, s0 = first_loaded
+    for what, a, b in (("oracle version", r0.oracle_version, r.oracle_version), ("seed", r0.seed, r.seed),
+                       ("shard count", s0.shard.count, s.shard.count)):
+        if a != b:
+            raise ConfigError(f"{folder}: shard {s.shard.name} has {what} {b}, {first} has {a}: "
+                              "shards of different runs")
+    if r.config_digest != r0.config_digest:
+        _same_config(first, r0, folder, r, s)
+    if s.shard.schedule != s0.shard.schedule or s.targets != s0.targets:
+        raise ConfigError(f"{folder}: shard {s.shard.name}'s schedule or targets differ from {first}'s")
+
+
+def _same_config(first: Path, r0: Report, folder: Path, r: Report, s: ShardResults) -> None:
+    """Configs of two digests that differ only where they were read from (shards run from two working folders):
+    the same run when the schedule, the targets and the references agree bitwise, which the merge checks next."""
+    differ = [f for f in config_differences(r0.config, r.config) if f not in WHERE_FIELDS]
+    if not differ and config_differences(r0.config, r.config):
+        return
+    # Nothing differs but a redacted value: a secret of the two configs differs.
+    shown = ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else "") if differ else \
+        "a redacted secret (the reports show neither)"
+    raise ConfigError(f"{folder}: shard {s.shard.name}'s config differs from {first}'s in {shown} "
+                      f"(config digest {r.config_digest[:12]}, {r0.config_digest[:12]}): shards of "
+                      "different runs")
+
+
+def _each_once(folders: Sequence[Path], loaded: Sequence[tuple[Report, ShardResults]]) -> None:
+    """No shard twice, none missing."""
     seen: dict[int, Path] = {}
     for folder, (_, s) in zip(folders, loaded, strict=True):
         if s.shard.index in seen:
             raise ConfigError(f"{folder} and {seen[s.shard.index]} are both shard {s.shard.name}")
         seen[s.shard.index] = folder
-    count = s0.shard.count
+    count = loaded[0][1].shard.count
     missing = [i for i in range(count) if i not in seen]
     if missing:
         names = ", ".join(f"{i}/{count}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
@@ -174,23 +191,20 @@ def _config_of(report: Report, path: Path) -> Config:
     return parse_config(unset_defaults(dict(report.config)), source=str(path))
 
 
-def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: Sequence[Trial],
-                         observer: Observer, out_dir: Path, trusted: bool) -> ModeResult:
-    """The unsharded run's shrink and localization of its first failing trial, on an invariant engine of our
-    own; `inv` unchanged when no trial failed or neither is enabled."""
-    from oracle.execute import ModeExecution
+def _wants_engine(config: Config, inv: ModeResult, schedule: Sequence[Trial]) -> bool:
+    """A trial failed invariance, and the config shrinks or localizes it."""
+    cfg, invariance = config.schedule, config.checks.invariance
+    if invariance.requirement == "off" or not ((cfg.shrink and cfg.max_shrink_runs > 0) or invariance.localize != "off"):
+        return False
+    return any(first_divergence(inv.solo[t.target], inv.trials[t.trial_id]) is not None for t in schedule)
+
+
+def _rerun_plan(report: Report, path: Path, schedule: Sequence[Trial], trusted: bool) -> Plan:
+    """The shards' plan, rebuilt from the report's config as replay does (one that loads code needs `trusted`);
+    ConfigError where it is not the shards' (another secret, tokenizer, prompts file or model here)."""
     from oracle.plan import plan_run
     from oracle.replay import report_config
-    from oracle.runner import OpLocalizer, engine_builder
 
-    failing = [t for t in schedule if first_divergence(inv.solo[t.target], inv.trials[t.trial_id]) is not None]
-    config = _config_of(report, path)
-    cfg = config.schedule
-    if not failing or config.checks.invariance.requirement == "off" or not (
-            (cfg.shrink and cfg.max_shrink_runs > 0) or config.checks.invariance.localize != "off"):
-        return inv
-
-    # The engine re-runs a config read from a file, as replay does: one that loads code needs `trusted`.
     config = report_config(report.model_copy(update={"config": unset_defaults(report.config)}), path,
                            trusted=trusted)
     if config.digest() != report.config_digest:  # the secrets an engine needs come from the environment
@@ -200,6 +214,19 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     if plan.trials != tuple(schedule):  # trial ids index the shards' results: they must be the same trials
         raise ConfigError(f"{path}: the schedule planned here differs from the shards' (another tokenizer, "
                           "prompts file or model on this machine?); merge where the shards ran")
+    return plan
+
+
+def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: Sequence[Trial],
+                         observer: Observer, out_dir: Path, trusted: bool) -> ModeResult:
+    """The unsharded run's shrink and localization of its first failing trial, on an invariant engine of our
+    own; `inv` unchanged when no trial failed or neither is enabled."""
+    from oracle.execute import ModeExecution
+    from oracle.runner import OpLocalizer, engine_builder
+
+    if not _wants_engine(_config_of(report, path), inv, schedule):
+        return inv
+    plan = _rerun_plan(report, path, schedule, trusted)
     execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"))
     execution.solo.update(inv.solo)
     execution.trials.update(inv.trials)
@@ -243,6 +270,82 @@ def _replace_earlier_report(out_dir: Path, folders: Sequence[Path], e: BaseExcep
         return
 
 
+@dataclass(frozen=True)
+class _Shards:
+    """The shards of one run, checked: each one's report and results, and shard 0's config."""
+
+    folders: Sequence[Path]
+    loaded: list[tuple[Report, ShardResults]]
+    path0: Path  # shard 0's report.json
+    config: Config
+
+    @property
+    def first(self) -> tuple[Report, ShardResults]:
+        return min(self.loaded, key=lambda x: x[1].shard.index)
+
+    def by_index(self) -> list[tuple[Path, Report, ShardResults]]:
+        return sorted(((f, r, s) for f, (r, s) in zip(self.folders, self.loaded, strict=True)),
+                      key=lambda x: x[2].shard.index)
+
+
+def _read_shards(folders: Sequence[Path], out_dir: Path) -> _Shards:
+    """Every shard read and checked to be the whole of one run; a refusal replaces an earlier merge's report."""
+    try:
+        loaded = [_load(f) for f in folders]
+        _same_run(folders, loaded)
+        r0, s0 = min(loaded, key=lambda x: x[1].shard.index)
+        path0 = folders[[s.shard.index for _, s in loaded].index(s0.shard.index)] / "report.json"
+        config = _config_of(r0, path0)
+        for folder, (_, s) in zip(folders, loaded, strict=True):
+            _whole(folder, config, s)
+        _same_references(folders, [s for _, s in loaded])
+    except (ConfigError, KeyboardInterrupt) as e:
+        _replace_earlier_report(out_dir, folders, e)
+        raise
+    return _Shards(folders, loaded, path0, config)
+
+
+# A shard's timings that its record in the merged report keeps; and those not summed into the merged run's.
+_SHARD_TIMINGS = ("total_s", "invariant_engine_start_s", "production_engine_start_s")
+_NOT_SUMMED = ("total_s", "plan_s", "judge_s", "write_s")
+
+
+def _merged_report(shards: _Shards) -> Report:
+    """The merged run's report before judging: shard 0's facts, a record per shard, the shards' time summed."""
+    r0, s0 = shards.first
+    report = Report(oracle_version=r0.oracle_version, seed=r0.seed, config=dict(r0.config),
+                    config_digest=r0.config_digest, environment=dict(r0.environment))
+    ordered = shards.by_index()
+    report.shard = {"count": s0.shard.count, "shards": [
+        {"index": s.shard.index, "folder": str(f), "trials": len(s.shard.trial_ids),
+         **{k: v for k, v in r.timings.items() if k in _SHARD_TIMINGS}} for f, r, s in ordered]}
+    report.timings.update(_summed_timings([r for _, r, _ in ordered]))
+    return report
+
+
+def _summed_timings(reports: Sequence[Report]) -> dict[str, float]:
+    """The shards' phases summed, the slowest shard's time and the time of all shards together."""
+    out = {key: round(sum(r.timings.get(key, 0.0) for r in reports), 3)
+           for key in sorted({k for r in reports for k in r.timings if k not in _NOT_SUMMED})}
+    out["shards_wall_s"] = max(r.timings.get("total_s", 0.0) for r in reports)
+    out["shards_sum_s"] = round(sum(r.timings.get("total_s", 0.0) for r in reports), 3)
+    return out
+
+
+def _judge_and_write(shards: _Shards, report: Report, results: dict[Mode, ModeResult], out_dir: Path,
+                     views: Sequence[View], t0: float) -> None:
+    """Judge the merged results as `oracle run` does (runner.finish) and write the report and its views."""
+    r0, s0 = shards.first
+    plan = Plan(shards.config, Path(str(r0.environment.get("model_dir", ""))), s0.targets, s0.shard.schedule,
+                r0.seed, 0)
+    t_judge = time.perf_counter()
+    finish(plan, results, report)
+    report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
+    report.environment["trials"] = len(s0.shard.schedule)
+    report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
+    ReportWriter(out_dir, views).final(report, timed_views(views, report, t0))
+
+
 def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None = None,
           views: Sequence[View] = (), trusted: bool = False) -> Report:
     """Merge the shard folders into `out_dir/report.json` (and the views' formats); ConfigError (exit 2)
@@ -259,36 +362,13 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
     from oracle.render.files import check_report_dir
 
     check_report_dir(out_dir, "--report-dir")  # a file, or a folder under a file: exit 2 before any shard is read
-    try:
-        loaded = [_load(f) for f in folders]
-        _same_run(folders, loaded)
-        r0, s0 = min(loaded, key=lambda x: x[1].shard.index)
-        path0 = folders[[s.shard.index for _, s in loaded].index(s0.shard.index)] / "report.json"
-        config = _config_of(r0, path0)
-        for folder, (_, s) in zip(folders, loaded, strict=True):
-            _whole(folder, config, s)
-        _same_references(folders, [s for _, s in loaded])
-    except (ConfigError, KeyboardInterrupt) as e:
-        _replace_earlier_report(out_dir, folders, e)
-        raise
-
-    report = Report(oracle_version=r0.oracle_version, seed=r0.seed, config=dict(r0.config),
-                    config_digest=r0.config_digest, environment=dict(r0.environment))
-    shards = sorted(loaded, key=lambda x: x[1].shard.index)
-    report.shard = {"count": s0.shard.count, "shards": [
-        {"index": s.shard.index, "folder": str(f), "trials": len(s.shard.trial_ids),
-         **{k: v for k, v in r.timings.items() if k in ("total_s", "invariant_engine_start_s",
-                                                           "production_engine_start_s")}}
-        for f, (r, s) in sorted(zip(folders, loaded, strict=True), key=lambda x: x[1][1].shard.index)]}
-    results: dict[Mode, ModeResult] = {m: _combine(m, [s for _, s in loaded]) for m in s0.modes}
-    for key in sorted({k for r, _ in shards for k in r.timings if k not in ("total_s", "plan_s", "judge_s",
-                                                                           "write_s")}):
-        report.timings[key] = round(sum(r.timings.get(key, 0.0) for r, _ in shards), 3)
-    report.timings["shards_wall_s"] = max(r.timings.get("total_s", 0.0) for r, _ in shards)
-    report.timings["shards_sum_s"] = round(sum(r.timings.get("total_s", 0.0) for r, _ in shards), 3)
+    shards = _read_shards(folders, out_dir)
+    report = _merged_report(shards)
+    s0 = shards.first[1]
+    results: dict[Mode, ModeResult] = {m: _combine(m, [s for _, s in shards.loaded]) for m in s0.modes}
     try:
         if "invariant" in results:
-            results["invariant"] = _shrink_and_localize(report, path0, results["invariant"], s0.shard.schedule,
+            results["invariant"] = _shrink_and_localize(report, shards.path0, results["invariant"], s0.shard.schedule,
                                                         observer, out_dir, trusted)
         report.complete = True
     except EngineError as e:
@@ -297,11 +377,5 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
         report.mark_stopped(e)
         raise
     finally:
-        plan = Plan(config, Path(str(r0.environment.get("model_dir", ""))), s0.targets, s0.shard.schedule, r0.seed, 0)
-        t_judge = time.perf_counter()
-        finish(plan, results, report)
-        report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
-        report.environment["trials"] = len(s0.shard.schedule)
-        report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
-        ReportWriter(out_dir, views).final(report, timed_views(views, report, t0))
+        _judge_and_write(shards, report, results, out_dir, views, t0)
     return report

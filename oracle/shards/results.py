@@ -5,34 +5,37 @@ side (coverage counts, drift's distribution, the negative control, the first fai
 shard writes what its checks read: both modes' frozen results (oracle.execute.ModeResult: token
 ids, logprobs, every kept logits row, row digests, top-2, per-pass evidence), the targets and the
 whole schedule. One file, `shard-results.npz`: logits rows as arrays, everything else as JSON in
-the `meta` entry; read with `allow_pickle=False`, so a results file from another machine can hold
-data only, never code, and with bounded memory (each member's size is checked from the zip's and
-the .npy's headers before it is read; see `_read_arrays`). Secrets are redacted as in report.json. Floats go through JSON as `repr` (exact) and rows keep their dtype: what is
-read back is bitwise what the shard held.
+the `meta` entry, every field of ModeResult written and read by its type (oracle.shards.codec), so a
+field added to it is in the file with no edit here; read with `allow_pickle=False`, so a results file
+from another machine can hold data only, never code, and with bounded memory (each member's size is
+checked from the zip's and the .npy's headers before it is read; see `_read_arrays`). Secrets are
+redacted as in report.json. Floats go through JSON as `repr` (exact) and rows keep their dtype: what
+is read back is bitwise what the shard held.
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from oracle.engines.contract import Completion, Mode, StepEvidence
+from oracle.engines.contract import Completion, Mode
 from oracle.errors import ConfigError
-from oracle.execute import InstanceRun, ModeResult, SampledRound
+from oracle.execute import ModeResult
 from oracle.files import GIB, open_regular
 from oracle.prompts import Target
 from oracle.redaction import redact_document
 from oracle.report import write_atomic_with
 from oracle.schedule import Trial
 from oracle.shards.assign import MAX_SHARDS, Shard
+from oracle.shards.codec import Row, Rows, codec_for
 
 RESULTS_FILE = "shard-results.npz"
-FORMAT = 1
+FORMAT = 2  # 2: every ModeResult field, by its type (oracle.shards.codec)
 # Bounds on what a results file may make a merge read (a file from another machine is untrusted input).
 MAX_RESULTS_BYTES = 64 * GIB  # on disk, and so in memory: members are stored uncompressed
 MAX_META_BYTES = 2 * GIB
@@ -52,63 +55,20 @@ class ShardResults:
     modes: dict[Mode, ModeResult]
 
 
-class _Rows:
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-
-    def add(self, row: Any) -> str | None:
-        if row is None:
-            return None
-        key = f"r{len(self.arrays)}"
-        self.arrays[key] = np.asarray(row)
-        return key
-
-
-def _completion(c: Completion, rows: _Rows) -> dict[str, Any]:
-    return {"request_id": c.request_id, "token_ids": list(c.token_ids), "logprobs": [float(x) for x in c.logprobs],
-            "logits": None if c.logits is None else [rows.add(r) for r in c.logits],
-            "logits_digests": c.logits_digests, "top2": None if c.top2 is None else [list(p) for p in c.top2],
-            "evidence": [asdict(e) for e in c.evidence]}
-
-
-def _key(k: Any) -> list[Any]:
-    return list(k) if isinstance(k, tuple) else [k]
-
-
-def _mode(r: ModeResult, rows: _Rows) -> dict[str, Any]:
-    def op(v: Any) -> Any:
-        return v.to_json() if hasattr(v, "to_json") else v
-
-    return {
-        "engine": dict(r.engine), "solo": [[t, _completion(c, rows)] for t, c in r.solo.items()],
-        "trials": [[t, _completion(c, rows)] for t, c in r.trials.items()],
-        "repeats": [[t, _completion(c, rows)] for t, c in r.repeats.items()],
-        "prefill": [[t, i, _completion(c, rows)] for (t, i), c in r.prefill.items()],
-        "prefix": [[t, _completion(a, rows), _completion(b, rows)] for t, (a, b) in r.prefix.items()],
-        "prefix_note": r.prefix_note, "localized": [[_key(k), op(v)] for k, v in r.localized.items()],
-        "localize_notes": list(r.localize_notes), "seconds": r.seconds, "timings": dict(r.timings),
-        "sampled": [{"variant": x.variant, "targets": list(x.targets), "seeds": list(x.seeds),
-                     "solo": [_completion(c, rows) for c in x.solo],
-                     "batches": [[_completion(c, rows) for c in b] for b in x.batches]} for x in r.sampled],
-        "sampling_note": r.sampling_note,
-        "instance": _instance(r.instance, rows), "tp_parity": _instance(r.tp_parity, rows),
-    }
-
-
-def _instance(r: InstanceRun | None, rows: _Rows) -> dict[str, Any] | None:
-    return None if r is None else {
-        "engine": dict(r.engine), "note": r.note, "solo": [[t, _completion(c, rows)] for t, c in r.solo.items()],
-        "trials": [[t, _completion(c, rows)] for t, c in r.trials.items()]}
+# Every field of ModeResult (and of what it holds) by its type (oracle.shards.codec), built at import: a field
+# of a type with no encoding fails here, never drops out of the file. A Completion's `logits` (typed
+# list[Any]) holds arrays, stored beside the JSON.
+_MODE = codec_for(ModeResult, retype={(Completion, "logits"): list[Row | None] | None})
+_TARGETS = codec_for(tuple[Target, ...])
 
 
 def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, oracle_version: str,
                  targets: tuple[Target, ...], results: dict[Mode, ModeResult]) -> Path:
     """Write `report_dir/shard-results.npz` atomically (a temporary name, then a rename)."""
-    rows = _Rows()
+    rows = Rows()
     meta = {"format": FORMAT, "shard": {**shard.to_json(), "schedule": [t.to_json() for t in shard.schedule]},
             "seed": seed, "config_digest": config_digest, "oracle_version": oracle_version,
-            "targets": [{"name": t.name, "token_ids": list(t.token_ids)} for t in targets],
-            "modes": {m: _mode(r, rows) for m, r in results.items()}}
+            "targets": _TARGETS.encode(targets, rows), "modes": {m: _MODE.encode(r, rows) for m, r in results.items()}}
     # The engines' descriptions hold their options (a server's command line, `env`, an api_key): the same
     # redaction as report.json's (oracle.redaction.redact_document), so no file a run writes holds a secret.
     meta = redact_document(meta, ("modes.*.engine", "modes.*.instance.engine", "modes.*.tp_parity.engine"))
@@ -120,33 +80,11 @@ def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, 
     return path
 
 
-def _read_completion(d: dict[str, Any], rows: Any) -> Completion:
-    logits = None if d["logits"] is None else [None if k is None else rows[k] for k in d["logits"]]
-    top2 = None if d["top2"] is None else [(float(a), float(b)) for a, b in d["top2"]]
-    return Completion(str(d["request_id"]), [int(x) for x in d["token_ids"]], [float(x) for x in d["logprobs"]],
-                      logits, d["logits_digests"], top2, [StepEvidence(**e) for e in d["evidence"]])
-
-
-def _read_mode(mode: Mode, d: dict[str, Any], rows: Any) -> ModeResult:
-    def c(x: dict[str, Any]) -> Completion:
-        return _read_completion(x, rows)
-
-    localized = {(k[0] if len(k) == 1 else tuple(k)): v for k, v in d["localized"]}
-    sampled = tuple(SampledRound(int(x["variant"]), tuple(int(t) for t in x["targets"]),
-                                 tuple(int(v) for v in x["seeds"]), tuple(c(y) for y in x["solo"]),
-                                 tuple(tuple(c(y) for y in b) for b in x["batches"]))
-                    for x in d.get("sampled", ()))
-    def instance(i: dict[str, Any] | None) -> InstanceRun | None:
-        return None if i is None else InstanceRun(
-            dict(i["engine"]), {int(t): c(x) for t, x in i["solo"]}, {int(t): c(x) for t, x in i["trials"]},
-            str(i["note"]))
-    return ModeResult(
-        mode, dict(d["engine"]), {int(t): c(x) for t, x in d["solo"]}, {int(t): c(x) for t, x in d["trials"]},
-        {int(t): c(x) for t, x in d["repeats"]}, {(int(t), int(i)): c(x) for t, i, x in d["prefill"]},
-        {int(t): (c(a), c(b)) for t, a, b in d["prefix"]}, str(d["prefix_note"]),
-        localized=localized, localize_notes=tuple(d["localize_notes"]), seconds=float(d["seconds"]),
-        timings=dict(d["timings"]), sampled=sampled, sampling_note=str(d.get("sampling_note", "")),
-        instance=instance(d.get("instance")), tp_parity=instance(d.get("tp_parity")))
+def _read_mode(mode: Mode, d: Any, rows: Rows) -> ModeResult:
+    result: ModeResult = _MODE.decode(d, rows)
+    if result.mode != mode:
+        raise ValueError(f"the {result.mode} results are filed under {mode}")
+    return result
 
 
 def _array(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
@@ -173,6 +111,19 @@ def _array(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
 
 
+def _check_members(path: Path, infos: list[zipfile.ZipInfo], size: int) -> None:
+    """Every member stored uncompressed, a `.npy`, and all of them together within the file's `size` bytes."""
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ConfigError(f"{path}: {info.filename}: a compressed member; oracle writes shard results "
+                              "uncompressed (numpy.savez), so this file is not one it wrote")
+        total += info.file_size
+        if info.file_size > size or total > size or not info.filename.endswith(".npy"):
+            raise ConfigError(f"{path}: {info.filename}: claims {info.file_size:,} bytes in a file of "
+                              f"{size:,}: damaged or tampered")
+
+
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the results file, with bounded memory whatever the file claims: a regular file of
     at most MAX_RESULTS_BYTES (oracle.files), members stored uncompressed as numpy.savez writes them
@@ -182,16 +133,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         infos = zf.infolist()
         if len(infos) > MAX_MEMBERS:
             raise ConfigError(f"{path}: {len(infos):,} members, over the bound of {MAX_MEMBERS:,}")
-        size = raw.seek(0, 2)
-        total = 0
-        for info in infos:
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ConfigError(f"{path}: {info.filename}: a compressed member; oracle writes shard results "
-                                  "uncompressed (numpy.savez), so this file is not one it wrote")
-            total += info.file_size
-            if info.file_size > size or total > size or not info.filename.endswith(".npy"):
-                raise ConfigError(f"{path}: {info.filename}: claims {info.file_size:,} bytes in a file of "
-                                  f"{size:,}: damaged or tampered")
+        _check_members(path, infos, raw.seek(0, 2))
         arrays = {info.filename[:-4]: _array(path, zf, info) for info in infos}
     if "meta" not in arrays or arrays["meta"].dtype != np.uint8 or arrays["meta"].size > MAX_META_BYTES:
         raise ConfigError(f"{path}: no meta entry of at most {MAX_META_BYTES:,} bytes: not oracle's shard results")
@@ -219,13 +161,14 @@ def load_results(report_dir: Path) -> ShardResults:
         raise ConfigError(f"{path}: missing: the shard did not finish, or its folder is not a shard's "
                           "(oracle run --shard i/N writes it)")
     try:
-        rows = _read_arrays(path)
-        meta = json.loads(rows.pop("meta").tobytes().decode("utf-8"))
+        arrays = _read_arrays(path)
+        meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else None
             raise ConfigError(f"{path}: shard results format {got!r}, this oracle reads {FORMAT}")
         shard = _shard(path, meta["shard"])
-        targets = tuple(Target(str(t["name"]), tuple(int(x) for x in t["token_ids"])) for t in meta["targets"])
+        rows = Rows(arrays)
+        targets: tuple[Target, ...] = _TARGETS.decode(meta["targets"], rows)
         modes: dict[Mode, ModeResult] = {m: _read_mode(m, d, rows) for m, d in meta["modes"].items()}
         return ShardResults(path, shard, int(meta["seed"]), str(meta["config_digest"]), str(meta["oracle_version"]),
                             targets, modes)
