@@ -186,34 +186,61 @@ def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
     act, _ = capture_all(engine, actual)
     prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
     findings = [localize_captured(e, a, target_prompt_len=prompt_len) for e, a in zip(exp, act, strict=True)]
-    roots = sorted(((f.actual_call.forward_pass, f.actual_call.index, rank), rank, f)
-                   for rank, f in enumerate(findings)
-                   if f.op is not None and f.op.status == "localized" and f.actual_call is not None)
     skipped: list[str] = []
-    for _, rank, f in roots:
-        assert f.op is not None and f.actual_call is not None
-        call = f.actual_call
-        if f.op.op_class == "communication":
-            moved = [q for q in range(len(exp)) if q != rank and _inputs_equal(
-                exp[q], act[q], call.key, call.forward_pass, list(f.op.positions)) is False]
-            if moved:
-                skipped.append(f"rank {rank}'s {call.key[0]} {call.key[1]} changed with equal inputs in its rank, "
-                               f"but its inputs in rank{'s' if len(moved) > 1 else ''} "
-                               f"{', '.join(map(str, moved))} had changed")
-                continue
-        also = [q for q, g in enumerate(findings) if q != rank and g.actual_call is not None
-                and g.actual_call.key == call.key and g.actual_call.forward_pass == call.forward_pass]
-        op = replace(f.op, rank=rank, note="; ".join(x for x in (
-            f.op.note, f"the same op changed in rank{'s' if len(also) > 1 else ''} {', '.join(map(str, also))} too"
-            if also else "", *skipped[:2]) if x))
+    for rank, f in _roots(findings):
+        moved = _moved_elsewhere(exp, act, rank, f)
+        if moved:
+            call = f.actual_call
+            assert call is not None
+            skipped.append(f"rank {rank}'s {call.key[0]} {call.key[1]} changed with equal inputs in its rank, "
+                           f"but its inputs in {_ranks_word(moved)} had changed")
+            continue
+        op = _with_rank(f, rank, findings, skipped)
         return _confirm(engine, expected, actual, replace(f, op=op), rank, len(exp), repro_dir)
-    # No rank named an op: rank 0's answer (the engine's outputs are rank 0's), never nothing where they differ.
+    return _rank0_answer(findings, skipped)
+
+
+def _ranks_word(ranks: list[int]) -> str:
+    """`rank 1` or `ranks 1, 2`."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _roots(findings: list[Finding]) -> list[tuple[int, Finding]]:
+    """(rank, finding) of every rank that named an op, in execution order (pass, then call, then rank)."""
+    named = [(rank, f) for rank, f in enumerate(findings)
+             if f.op is not None and f.op.status == "localized" and f.actual_call is not None]
+    return sorted(named, key=lambda x: (x[1].actual_call.forward_pass, x[1].actual_call.index, x[0]))  # type: ignore[union-attr]
+
+
+def _moved_elsewhere(exp: list[Captured], act: list[Captured], rank: int, f: Finding) -> list[int]:
+    """For a communication op: the other ranks whose inputs to it had changed (it then only passed their change
+    on); empty for any other op, which reads only its own rank's inputs."""
+    assert f.op is not None and f.actual_call is not None
+    if f.op.op_class != "communication":
+        return []
+    call = f.actual_call
+    return [q for q in range(len(exp)) if q != rank and _inputs_equal(
+        exp[q], act[q], call.key, call.forward_pass, list(f.op.positions)) is False]
+
+
+def _with_rank(f: Finding, rank: int, findings: list[Finding], skipped: list[str]) -> LocalizedOp:
+    """The named op with its rank, and a note of the other ranks where the same call changed too."""
+    assert f.op is not None and f.actual_call is not None
+    call = f.actual_call
+    also = [q for q, g in enumerate(findings) if q != rank and g.actual_call is not None
+            and g.actual_call.key == call.key and g.actual_call.forward_pass == call.forward_pass]
+    same = f"the same op changed in {_ranks_word(also)} too" if also else ""
+    return replace(f.op, rank=rank, note="; ".join(x for x in (f.op.note, same, *skipped[:2]) if x))
+
+
+def _rank0_answer(findings: list[Finding], skipped: list[str]) -> LocalizedOp | None:
+    """No rank named an op: rank 0's answer (the engine's outputs are rank 0's), `inconclusive` where a
+    communication op was passed over, never nothing where they differ."""
     first = next((f.op for f in findings if f.op is not None and f.op.status != "localized"), None)
     if first is None:
         return None
     note = "; ".join(x for x in (first.note, *skipped[:2]) if x)
-    status = "inconclusive" if skipped else first.status
-    return replace(first, rank=0, status=status, note=note)
+    return replace(first, rank=0, status="inconclusive" if skipped else first.status, note=note)
 
 
 def _confirm(engine: Any, expected: RunSpec, actual: RunSpec, finding: Finding, rank: int,
