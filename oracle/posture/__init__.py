@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,14 @@ def _count(value: Any) -> Any:
     return _setting(_int_setting(value, 1) if value != UNKNOWN else value)
 
 
+def _env_field(value: Any) -> Any:
+    """The engine's environment mapping, or "unknown" where it gave none."""
+    return value if value == UNKNOWN else _env(value)
+
+
 # How a field's value is read where it is not a plain setting (`_setting`).
-_READERS = {
-    "env": lambda value: value if value == UNKNOWN else _env(value),
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "env": _env_field,
     "rank_devices": _rank_devices,
     **{key: _count for key in _COUNTS},
 }
