@@ -26,6 +26,20 @@ from oracle.posture import UNKNOWN
 Match = Literal["matches", "possible"]
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# A condition's operators (`{op: arg}`), each a test of the reported value against its argument.
+_CONDITION_OPS: dict[str, Callable[[Any, Any], bool | None]] = {
+    "contains": lambda arg, value: str(arg).lower() in str(value).lower(),
+    "min": lambda arg, value: _is_number(value) and value >= arg,
+    "above": lambda arg, value: _is_number(value) and value > arg,
+    "not": lambda arg, value: not _holds(arg, value),
+}
+_OPS = tuple(_CONDITION_OPS)
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """A probe a hazard asks for: a named stratum (`fa3_kv_256`), or one with its threshold
@@ -242,20 +256,6 @@ def version_in(version: Any, lo: str | None, below: str | None) -> bool | None:
     return (lo is None or v >= _version(lo)) and (below is None or v < _version(below))
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# A condition's operators (`{op: arg}`), each a test of the reported value against its argument.
-_CONDITION_OPS: dict[str, Callable[[Any, Any], bool | None]] = {
-    "contains": lambda arg, value: str(arg).lower() in str(value).lower(),
-    "min": lambda arg, value: _is_number(value) and value >= arg,
-    "above": lambda arg, value: _is_number(value) and value > arg,
-    "not": lambda arg, value: not _holds(arg, value),
-}
-_OPS = tuple(_CONDITION_OPS)
-
-
 def _equals(cond: Any, value: Any) -> bool:
     """A plain condition: booleans only equal booleans, text compares without case, the rest by value."""
     if isinstance(cond, bool) or isinstance(value, bool):
@@ -273,6 +273,7 @@ def _holds(cond: Any, value: Any) -> bool | None:
         return any(_holds(c, value) for c in cond)
     if isinstance(cond, dict):
         op, arg = next(iter(cond.items()))
+        # A file's entries are validated to these operators; a Hazard made in code with another compares as `above`.
         return _CONDITION_OPS.get(op, _CONDITION_OPS["above"])(arg, value)
     return _equals(cond, value)
 
