@@ -273,7 +273,7 @@ def _holds(cond: Any, value: Any) -> bool | None:
         return any(_holds(c, value) for c in cond)
     if isinstance(cond, dict):
         op, arg = next(iter(cond.items()))
-        # A file's entries are validated to these operators; a Hazard made in code with another compares as `above`.
+        # A file's entries name only these operators; a Hazard made in code with another compares as `above`.
         return _CONDITION_OPS.get(op, _CONDITION_OPS["above"])(arg, value)
     return _equals(cond, value)
 
