@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from oracle.config import EngineConfig
@@ -30,15 +31,11 @@ def custom_engine_kwargs(cfg: EngineConfig, cls: object) -> dict[str, object]:
     the config sets away from their defaults (where it names them or takes **kwargs; otherwise its own
     defaults stand, which may differ from the config's) and those it requires, then engine.options. Such a field that the constructor cannot take is a ConfigError
     naming it, never silently dropped."""
-    import inspect
-
     try:
         params = inspect.signature(cls).parameters  # type: ignore[arg-type]
     except (TypeError, ValueError):  # no introspectable signature: the options alone, as before
         return dict(cfg.options)
-    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    required = {n for n in named if params[n].default is inspect.Parameter.empty}
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named, required, var_kw = _keywords(params)
     kwargs: dict[str, object] = {}
     for field in CUSTOM_ENGINE_FIELDS:
         # "Set" means away from its default: a report's resolved config (replay) spells out every field.
@@ -50,6 +47,15 @@ def custom_engine_kwargs(cfg: EngineConfig, cls: object) -> dict[str, object]:
                               f"no effect; add `{field}` to its __init__ or remove the field")
     kwargs.update(cfg.options)
     return kwargs
+
+
+def _keywords(params: Mapping[str, inspect.Parameter]) -> tuple[set[str], set[str], bool]:
+    """A constructor's parameters that can be passed by keyword, those of them without a default, and
+    whether it takes **kwargs."""
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {n for n in named if params[n].default is inspect.Parameter.empty}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return named, required, var_kw
 
 
 def custom_class(cfg: EngineConfig) -> object:

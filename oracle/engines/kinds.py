@@ -168,30 +168,29 @@ def _names_import_path(value: Any) -> bool:
     return words and (bool(colon) or len(parts) > 1)
 
 
+def _arg_loads_code(name: str, value: Any) -> bool:
+    """Whether engine_args key `name` set to `value` makes vLLM import or load code by the key alone (see above)."""
+    if name == "trust_remote_code":
+        return bool(value)
+    if name == "distributed_executor_backend":
+        return bool(value and value not in _VLLM_EXECUTORS)
+    return bool((name.endswith(_VLLM_CODE_SUFFIXES) or "plugin" in name or name in _VLLM_CODE_KEYS) and value)
+
+
 def _vllm_code_args(node: Any, path: str) -> list[str]:
     """Dotted names under `path` of engine_args fields that make vLLM import or load code: by key (see
     above), `trust_remote_code` on, a non-built-in executor backend, or any string naming an import path."""
-    found: list[str] = []
     if isinstance(node, Mapping):
+        found: list[str] = []
         for key, value in node.items():
             where = f"{path}.{key}"
-            name = str(key)
-            if name == "trust_remote_code":
-                if value:
-                    found.append(where)
-            elif (name.endswith(_VLLM_CODE_SUFFIXES) or "plugin" in name or name in _VLLM_CODE_KEYS) and value or name == "distributed_executor_backend" and value and value not in _VLLM_EXECUTORS:
-                found.append(where)
-            else:
-                found += _vllm_code_args(value, where)
-    elif isinstance(node, list):
+            found += [where] if _arg_loads_code(str(key), value) else _vllm_code_args(value, where)
+        return found
+    if isinstance(node, list):
         if any(_names_import_path(v) for v in node):
-            found.append(path)
-        else:
-            for i, value in enumerate(node):
-                found += _vllm_code_args(value, f"{path}.{i}")
-    elif _names_import_path(node):
-        found.append(path)
-    return found
+            return [path]
+        return [where for i, value in enumerate(node) for where in _vllm_code_args(value, f"{path}.{i}")]
+    return [path] if _names_import_path(node) else []
 
 
 def _vllm_code_options(options: Mapping[str, Any]) -> list[str]:

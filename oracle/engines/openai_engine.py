@@ -163,27 +163,20 @@ def _new_salt() -> str:
     return f"oracle-{secrets.token_hex(8)}"
 
 
-def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_cached_tokens: int = 0) -> Completion:
-    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed.
-    `num_cached_tokens` (the prompt tokens served from the prefix cache) goes on the prefill step's evidence."""
-    lp = choice["logprobs"]
-    if not isinstance(lp, dict):
-        raise ValueError("no logprobs in the answer")
-    ids = choice.get("token_ids")  # servers that return ids beside the text (SGLang's return_token_ids)
+def _choice_token_ids(choice: dict[str, Any], lp: dict[str, Any]) -> list[int]:
+    """The sampled token ids: the ids a server returns beside the text (SGLang's return_token_ids), else read
+    from the logprobs' token strings."""
+    ids = choice.get("token_ids")
     if isinstance(ids, list) and ids and all(type(t) is int for t in ids):  # not bool: True is no token id
-        token_ids = list(ids)
-    else:
-        token_ids = [_token_id(t) for t in lp["tokens"]]
-    want = request.sampling.max_tokens
-    if len(token_ids) != want:
-        raise ValueError(f"{len(token_ids)} tokens for max_tokens {want} (finish_reason "
-                         f"{choice.get('finish_reason')!r}); the server must honour ignore_eos and max_tokens")
-    logprobs = [_finite(x, f"token_logprobs[{i}]") for i, x in enumerate(lp["token_logprobs"])]
-    if len(logprobs) != len(token_ids):
-        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
+        return list(ids)
+    return [_token_id(t) for t in lp["tokens"]]
+
+
+def _top2_steps(top_logprobs: list[Any]) -> tuple[list[str], list[tuple[float, float]]]:
+    """Per step of `top_logprobs`: the digest of its top-k and its two best logprobs."""
     digests: list[str] = []
     top2: list[tuple[float, float]] = []
-    for i, step in enumerate(lp.get("top_logprobs") or []):
+    for i, step in enumerate(top_logprobs):
         if not isinstance(step, dict):
             raise ValueError(f"top_logprobs[{i}] is {step!r}, not an object")
         top = {_top_key(t): _finite(v, f"top_logprobs[{i}][{t!r}]") for t, v in step.items()}
@@ -192,13 +185,35 @@ def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_ca
         values = sorted(top.values(), reverse=True)
         digests.append(topk_digest(top))
         top2.append((values[0], values[1]))
-    evidence = [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i,
-                             num_cached_tokens=num_cached_tokens if i == 0 else 0)
-                for i in range(len(token_ids))]
-    want = request.sampling.logits != "none"
+    return digests, top2
+
+
+def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_cached_tokens: int = 0) -> Completion:
+    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed.
+    `num_cached_tokens` (the prompt tokens served from the prefix cache) goes on the prefill step's evidence."""
+    lp = choice["logprobs"]
+    if not isinstance(lp, dict):
+        raise ValueError("no logprobs in the answer")
+    token_ids = _choice_token_ids(choice, lp)
+    want = request.sampling.max_tokens
+    if len(token_ids) != want:
+        raise ValueError(f"{len(token_ids)} tokens for max_tokens {want} (finish_reason "
+                         f"{choice.get('finish_reason')!r}); the server must honour ignore_eos and max_tokens")
+    logprobs = [_finite(x, f"token_logprobs[{i}]") for i, x in enumerate(lp["token_logprobs"])]
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
+    digests, top2 = _top2_steps(lp.get("top_logprobs") or [])
+    logits = request.sampling.logits != "none"
     return Completion(request_id=request.request_id, token_ids=token_ids, logprobs=logprobs,
-                      logits_digests=digests if want and digests else None,
-                      top2=top2 if top2 else None, evidence=evidence)
+                      logits_digests=digests if logits and digests else None,
+                      top2=top2 if top2 else None, evidence=_evidence(len(token_ids), num_seqs, num_cached_tokens))
+
+
+def _evidence(num_steps: int, num_seqs: int, num_cached_tokens: int) -> list[StepEvidence]:
+    """What a server tells of its steps: the prefill first, with the prompt tokens it took from its cache."""
+    return [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i,
+                         num_cached_tokens=num_cached_tokens if i == 0 else 0)
+            for i in range(num_steps)]
 
 
 class OpenAIEngine:

@@ -62,6 +62,72 @@ class _Running:
         return len(self.tokens) >= self.request.sampling.max_tokens
 
 
+def _arrived(requests: Sequence[Request], waiting: list[int], step: int) -> list[_Running]:
+    """The waiting requests (indices in arrival order) whose arrival step has come, taken off `waiting`."""
+    arrived = []
+    while waiting and requests[waiting[0]].arrival_step <= step:
+        i = waiting.pop(0)
+        arrived.append(_Running(i, requests[i], generator=request_generator(requests[i].sampling)))
+    return arrived
+
+
+def _new_tokens(running: list[_Running]) -> tuple[list[int], list[int], list[int]]:
+    """A packed pass's token ids and positions ([T], sequence after sequence) and each sequence's count of new
+    tokens ([B]): a sequence's whole prompt on its first pass, its last token after."""
+    ids: list[int] = []
+    positions: list[int] = []
+    num_new: list[int] = []
+    for r in running:
+        new = list(r.request.prompt_token_ids) if not r.tokens else r.tokens[-1:]
+        ids += new
+        positions += range(r.length - len(new), r.length)
+        num_new.append(len(new))
+    return ids, positions, num_new
+
+
+def _record_pass(running: list[_Running], step: int, num_new: list[int], logits: torch.Tensor) -> None:
+    """Each sequence's next token chosen from its float32 logits row (`logits` [B, vocab]), kept with its
+    logprob, its row and the pass's evidence."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = choose(logits, [r.request.sampling for r in running], [r.generator for r in running]).tolist()
+    num_tokens = sum(num_new)
+    prefill_tokens = sum(n for r, n in zip(running, num_new, strict=True) if not r.tokens)
+    kv_lens = [r.length for r in running]
+    for b, r in enumerate(running):
+        r.evidence.append(StepEvidence(
+            step, len(running), num_tokens, is_prefill=not r.tokens, token_index=len(r.tokens), seq_position=b,
+            num_prefill_tokens=prefill_tokens, num_decode_tokens=num_tokens - prefill_tokens,
+            max_query_len=max(num_new), kv_len=kv_lens[b], max_kv_len=max(kv_lens), has_chunked=False,
+            has_cache_hit=False))
+        r.tokens.append(int(chosen[b]))
+        r.logprobs.append(float(logprobs[b, chosen[b]]))
+        r.rows.append(logits[b].cpu())
+
+
+def _packed_layout(forward_pass: int, seqs: tuple[tuple[int, int, int, int], ...],
+                   target_index: int) -> PassLayout | None:
+    """The target's rows in a packed pass of `seqs` (request index, first row, new tokens, first position)."""
+    from oracle.capture.rows import Grid, PassLayout
+
+    slot = next((b for b, row in enumerate(seqs) if row[0] == target_index), None)
+    if slot is None:
+        return None  # the target is not in this pass
+    _, start, n, first = seqs[slot]
+    total = sum(row[2] for row in seqs)
+    positions = tuple(range(first, first + n))
+    rows = tuple((start + k,) for k in range(n))
+    grids = (
+        Grid((1, total), tuple((0, *row) for row in rows), positions),  # [1, T, ...] activations
+        Grid((total,), rows, positions),  # flattened around matmuls
+        Grid((1, len(seqs)), ((0, slot),), positions[-1:]),  # [1, B, vocab]: each sequence's last row
+    )
+    prefill = sum(row[2] for row in seqs if row[2] > 1 or row[3] == 0)
+    evidence = {"num_seqs": len(seqs), "num_tokens": total, "seq_position": slot,
+                "num_prefill_tokens": prefill, "num_decode_tokens": total - prefill,
+                "target_is_prefill": first == 0, "target_num_tokens": n}
+    return PassLayout(forward_pass, forward_pass, grids, evidence)
+
+
 class TransformersEngine:
     """Implements `oracle.engines.contract.Engine` over a transformers `AutoModelForCausalLM`, with the
     optional capabilities Capturable and LaysOutPasses.
@@ -151,9 +217,7 @@ class TransformersEngine:
             while waiting or running:
                 if not running and requests[waiting[0]].arrival_step > step:
                     step = requests[waiting[0]].arrival_step  # nothing to run until the next arrival
-                while waiting and requests[waiting[0]].arrival_step <= step:
-                    i = waiting.pop(0)
-                    running.append(_Running(i, requests[i], generator=request_generator(requests[i].sampling)))
+                running += _arrived(requests, waiting, step)
                 self._packed_step(running, step)
                 for r in [r for r in running if r.is_finished]:
                     running.remove(r)
@@ -163,14 +227,7 @@ class TransformersEngine:
 
     def _packed_step(self, running: list[_Running], step: int) -> None:
         """One forward pass over every running sequence's new tokens: the whole prompt or the last token."""
-        ids: list[int] = []
-        positions: list[int] = []
-        num_new: list[int] = []
-        for r in running:
-            new = list(r.request.prompt_token_ids) if not r.tokens else r.tokens[-1:]
-            ids += new
-            positions += range(r.length - len(new), r.length)
-            num_new.append(len(new))
+        ids, positions, num_new = _new_tokens(running)
         last = torch.tensor(num_new).cumsum(0) - 1  # [B] row of each sequence's last new token
         starts = [int(x) - n + 1 for x, n in zip(last.tolist(), num_new, strict=True)]
         self._pass_rows = tuple((r.index, s, n, r.length - n) for r, s, n in zip(running, starts, num_new, strict=True))
@@ -183,20 +240,7 @@ class TransformersEngine:
                 )
         finally:
             self._pass_rows = ()
-        logits = out.logits[0].to(torch.float32)  # [B, vocab]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = choose(logits, [r.request.sampling for r in running], [r.generator for r in running]).tolist()
-        prefill_tokens = sum(n for r, n in zip(running, num_new, strict=True) if not r.tokens)
-        kv_lens = [r.length for r in running]
-        for b, r in enumerate(running):
-            r.evidence.append(StepEvidence(
-                step, len(running), len(ids), is_prefill=not r.tokens, token_index=len(r.tokens), seq_position=b,
-                num_prefill_tokens=prefill_tokens, num_decode_tokens=len(ids) - prefill_tokens,
-                max_query_len=max(num_new), kv_len=kv_lens[b], max_kv_len=max(kv_lens), has_chunked=False,
-                has_cache_hit=False))
-            r.tokens.append(int(chosen[b]))
-            r.logprobs.append(float(logprobs[b, chosen[b]]))
-            r.rows.append(logits[b].cpu())
+        _record_pass(running, step, num_new, out.logits[0].to(torch.float32))  # [B, vocab]
 
     def capture(self, run: RunSpec, rows: RowCapture) -> Completion:
         """Run `run` with `rows` capturing each forward that holds the target (oracle.capture)."""
@@ -206,28 +250,11 @@ class TransformersEngine:
 
     def localize_layout(self, forward_pass: int, kwargs: dict[str, Any], target_index: int) -> PassLayout | None:
         """Where the target's tokens sit in this forward (oracle.capture): packed rows, else padded ones."""
-        from oracle.capture.rows import Grid, PassLayout
         from oracle.engines.hf_capture import hf_layout
 
         if not self._pass_rows:
             return hf_layout(forward_pass, kwargs, target_index)
-        seqs = self._pass_rows
-        slot = next((b for b, row in enumerate(seqs) if row[0] == target_index), None)
-        if slot is None:
-            return None  # the target is not in this pass
-        _, start, n, first = seqs[slot]
-        total = sum(row[2] for row in seqs)
-        positions = tuple(range(first, first + n))
-        grids = (
-            Grid((1, total), tuple((0, start + k) for k in range(n)), positions),  # [1, T, ...] activations
-            Grid((total,), tuple((start + k,) for k in range(n)), positions),  # flattened around matmuls
-            Grid((1, len(seqs)), ((0, slot),), positions[-1:]),  # [1, B, vocab]: each sequence's last row
-        )
-        prefill = sum(row[2] for row in seqs if row[2] > 1 or row[3] == 0)
-        evidence = {"num_seqs": len(seqs), "num_tokens": total, "seq_position": slot,
-                    "num_prefill_tokens": prefill, "num_decode_tokens": total - prefill,
-                    "target_is_prefill": first == 0, "target_num_tokens": n}
-        return PassLayout(forward_pass, forward_pass, grids, evidence)
+        return _packed_layout(forward_pass, self._pass_rows, target_index)
 
     def _completion(self, r: _Running) -> Completion:
         rows = torch.stack(r.rows) if r.rows else torch.zeros((0, 0))  # [steps, vocab]

@@ -81,6 +81,27 @@ def _socket_timeouts(fd: int, timeout_s: float) -> None:
         sock.close()
 
 
+def _invariant_env(options: VllmOptions) -> dict[str, str]:
+    """What invariant mode sets for vLLM before the user's `env` (which may override it)."""
+    env = {}
+    if options.invariance == "vllm":
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    # An invariant-mode setting: production keeps vLLM's default (split-KV attention, splits chosen from
+    # the batch), or it would run the invariant path and could never diverge (negative control vacuous).
+    if options.split_kv is not None:
+        env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if options.split_kv else "0"
+    return env
+
+
+def _ask_for_kernels(env: dict[str, str]) -> None:
+    """Ask oracle's vLLM plugin for the kernels in every process of the worker (oracle.engines.vllm_plugin)."""
+    env.setdefault(KERNELS_ENV, "1")
+    allowed = env.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        # An allowlist of vLLM plugins would leave ours out of every rank.
+        env["VLLM_PLUGINS"] = ",".join(p for p in (*allowed.split(","), PLUGIN_NAME) if p)
+
+
 def _option(name: str) -> str:
     return f"engine.options.{name}"
 
@@ -174,22 +195,13 @@ class VllmEngine:
             "VLLM_LOGGING_LEVEL": options.log_level,
             "TOKENIZERS_PARALLELISM": "false",
         })
-        if mode == "invariant" and options.invariance == "vllm":
-            env["VLLM_BATCH_INVARIANT"] = "1"
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        # An invariant-mode setting: production keeps vLLM's default (split-KV attention, splits chosen from
-        # the batch), or it would run the invariant path and could never diverge (negative control vacuous).
-        if options.split_kv is not None and mode == "invariant":
-            env["VLLM_CPU_ATTN_SPLIT_KV"] = "1" if options.split_kv else "0"
+        if mode == "invariant":
+            env.update(_invariant_env(options))
         env.update({str(k): str(v) for k, v in options.env.items()})
         if mode == "invariant" and options.invariance == "oracle_kernels":
-            # Asks oracle's vLLM plugin for the kernels in every process of this worker (oracle.engines.vllm_plugin).
-            env.setdefault(KERNELS_ENV, "1")
-            allowed = env.get("VLLM_PLUGINS")
-            if allowed is not None and PLUGIN_NAME not in allowed.split(","):
-                # An allowlist of vLLM plugins would leave ours out of every rank.
-                env["VLLM_PLUGINS"] = ",".join(p for p in (*allowed.split(","), PLUGIN_NAME) if p)
+            _ask_for_kernels(env)
         return env
 
     def describe(self) -> dict[str, Any]:
@@ -360,16 +372,7 @@ class _Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._stuck(f"no answer to {what}", timeout_s)
-            try:
-                ready = self.conn.poll(min(left, 1.0))
-                if ready:  # a reply has begun: the rest of it must come within what is left
-                    with contextlib.suppress(OSError):
-                        _socket_timeouts(self.conn.fileno(), max(left, 1.0))
-                reply = self.conn.recv() if ready else None
-            except BlockingIOError as e:
-                raise self._stuck(f"{what}: the reply stopped half-way", timeout_s) from e
-            except (EOFError, OSError) as e:
-                raise self._dead(what) from e
+            reply = self._receive(left, timeout_s, what)
             if reply is None:
                 if self.proc.poll() is not None:
                     raise self._dead(what)
@@ -377,16 +380,34 @@ class _Worker:
             kind, payload = reply
             if kind == expect:
                 return payload
-            if kind == "not_in_force":
-                self.keep_log = True
-                raise KernelsNotInForce(f"vllm worker: invariant mode's oracle_kernels are not in force, so no "
-                                        f"trial was run: {payload}")
-            if kind == "config_error":
-                raise ConfigError(f"{_option('engine_args')}: vLLM rejected it: {payload}")
-            if kind == "error":
-                self.keep_log = True
-                raise EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")
-            raise EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
+            raise self._refusal(kind, payload, what)
+
+    def _receive(self, left: float, timeout_s: float, what: str) -> Any:
+        """The worker's next reply, or None when none began within a second (or what is `left`)."""
+        try:
+            if not self.conn.poll(min(left, 1.0)):
+                return None
+            # A reply has begun: the rest of it must come within what is left.
+            with contextlib.suppress(OSError):
+                _socket_timeouts(self.conn.fileno(), max(left, 1.0))
+            return self.conn.recv()
+        except BlockingIOError as e:
+            raise self._stuck(f"{what}: the reply stopped half-way", timeout_s) from e
+        except (EOFError, OSError) as e:
+            raise self._dead(what) from e
+
+    def _refusal(self, kind: str, payload: Any, what: str) -> Exception:
+        """The error a reply other than the one expected stands for."""
+        if kind == "not_in_force":
+            self.keep_log = True
+            return KernelsNotInForce(f"vllm worker: invariant mode's oracle_kernels are not in force, so no "
+                                     f"trial was run: {payload}")
+        if kind == "config_error":
+            return ConfigError(f"{_option('engine_args')}: vLLM rejected it: {payload}")
+        if kind == "error":
+            self.keep_log = True
+            return EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")
+        return EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
 
     def _stuck(self, what: str, timeout_s: float) -> EngineError:
         """Kill a worker that is alive but stopped answering; the error names what it stopped at."""

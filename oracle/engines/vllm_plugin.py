@@ -224,25 +224,45 @@ def not_in_force(ranks: list[dict[str, Any]], world_size: int) -> list[str]:
     in force in every rank). A rank fails when its reports are missing, the kernels are not registered in its
     process, any of its linear layers is bound to a kernel other than aten's, or (audited) its passes reached
     no op of ours."""
-    why: list[str] = []
     seen = {r.get("rank") for r in ranks}
-    why += [f"rank {r}: did not report (no rank answered for it)" for r in range(world_size) if r not in seen]
-    for r in ranks:
-        rank = r.get("rank")
-        if not r.get("kernels"):
-            hint = "" if r.get("plugin") else (f"; oracle's vLLM plugin did not run in it (entry point "
-                                               f"vllm.general_plugins:{PLUGIN_NAME} not installed, or excluded by "
-                                               "VLLM_PLUGINS): reinstall oracle")
-            why.append(f"rank {rank} (pid {r.get('pid')}, {r.get('device')}): oracle_kernels are not registered "
-                       f"in its process{hint}")
-            continue
-        other = {k: n for k, n in (r.get("linear_counts") or {}).items() if k != "torch F.linear (aten mm)"}
-        if other and str(r.get("device", "")).startswith("cpu"):
-            why.append(f"rank {rank}: linear layers run {', '.join(f'{k} x{n}' for k, n in sorted(other.items()))}"
-                       ", which no aten override reaches")
-            continue
-        ops = r.get("ops")
-        if isinstance(ops, dict) and not ops.get("batch_variant_covered"):
-            why.append(f"rank {rank}: its forward passes reached no oracle_kernels op (uncovered: "
-                       f"{', '.join(ops.get('batch_variant_uncovered') or []) or 'none'})")
-    return why
+    why = [f"rank {r}: did not report (no rank answered for it)" for r in range(world_size) if r not in seen]
+    return why + [problem for problem in map(_rank_default_kernels, ranks) if problem is not None]
+
+
+def _unregistered(r: dict[str, Any]) -> str | None:
+    if r.get("kernels"):
+        return None
+    hint = "" if r.get("plugin") else (f"; oracle's vLLM plugin did not run in it (entry point "
+                                       f"vllm.general_plugins:{PLUGIN_NAME} not installed, or excluded by "
+                                       "VLLM_PLUGINS): reinstall oracle")
+    return (f"rank {r.get('rank')} (pid {r.get('pid')}, {r.get('device')}): oracle_kernels are not registered "
+            f"in its process{hint}")
+
+
+def _other_linears(r: dict[str, Any]) -> str | None:
+    other = {k: n for k, n in (r.get("linear_counts") or {}).items() if k != "torch F.linear (aten mm)"}
+    if not (other and str(r.get("device", "")).startswith("cpu")):
+        return None
+    return (f"rank {r.get('rank')}: linear layers run {', '.join(f'{k} x{n}' for k, n in sorted(other.items()))}"
+            ", which no aten override reaches")
+
+
+def _no_covered_op(r: dict[str, Any]) -> str | None:
+    ops = r.get("ops")
+    if not isinstance(ops, dict) or ops.get("batch_variant_covered"):
+        return None
+    return (f"rank {r.get('rank')}: its forward passes reached no oracle_kernels op (uncovered: "
+            f"{', '.join(ops.get('batch_variant_uncovered') or []) or 'none'})")
+
+
+# What shows a rank running default kernels, checked in this order; the first that holds is its line.
+_DEFAULT_KERNELS = (_unregistered, _other_linears, _no_covered_op)
+
+
+def _rank_default_kernels(r: dict[str, Any]) -> str | None:
+    """Why one rank's report (`rank_report`, with the audit's `ops`) shows default kernels, or None."""
+    for check in _DEFAULT_KERNELS:
+        problem = check(r)
+        if problem is not None:
+            return problem
+    return None

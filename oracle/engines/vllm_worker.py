@@ -124,6 +124,44 @@ class _Track:
     prefill_passes: int = 0
     num_cached_tokens: int = 0
 
+    def record_pass(self, step: int, seq_position: int, p: _Scheduled, shape: dict[str, Any]) -> None:
+        """This request's share of one forward pass (`p`), in a pass of `shape`, as one step of evidence."""
+        if p.is_prefill and self.prefill_passes == 0:
+            self.num_cached_tokens = p.num_computed_before  # a new request starts past its cached prefix
+        chunked = p.is_prefill and (self.prefill_passes > 0 or not p.completes)
+        self.prefill_passes += p.is_prefill
+        self.out.evidence.append(StepEvidence(
+            engine_step=step, num_seqs=p.num_seqs, num_tokens=p.num_tokens, is_prefill=p.is_prefill,
+            chunked=chunked, num_cached_tokens=self.num_cached_tokens,
+            token_index=p.num_output_tokens if p.completes else None, seq_position=seq_position,
+            kv_len=p.num_computed_before + p.num_new_tokens, **shape,
+        ))
+
+
+def _pass_shape(passes: list[_Scheduled]) -> dict[str, Any]:
+    """The shape of one forward pass, from every request the scheduler put in it (ours and vLLM's own)."""
+    prefill = sum(p.num_new_tokens for p in passes if p.is_prefill)
+    return {
+        "num_prefill_tokens": prefill, "num_decode_tokens": sum(p.num_new_tokens for p in passes) - prefill,
+        "max_query_len": max((p.num_new_tokens for p in passes), default=0),
+        "max_kv_len": max((p.num_computed_before + p.num_new_tokens for p in passes), default=0),
+        "has_chunked": any(p.is_prefill and not p.completes for p in passes),
+    }
+
+
+def _sampling_params(s: SamplingParams, logprobs: int) -> Any:
+    """vLLM's sampling parameters for one request: a logprob row per step (the whole vocabulary when the
+    logits are asked for), token ids only, exactly `max_tokens` of them, each step's tokens as they come."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    k = -1 if s.logits in ("full", "digest") else logprobs
+    return VllmSamplingParams(
+        max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed if s.temperature > 0 else None,
+        top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1, logprobs=k, detokenize=False, ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA, flat_logprobs=True,
+    )
+
 
 class WorkerEngine:
     """A `vllm.LLMEngine` built for one mode, and the loop that steps it for one trial at a time."""
@@ -261,63 +299,43 @@ class WorkerEngine:
 
     def _run(self, requests: Sequence[Request], order: list[int], tracks: dict[str, _Track], limit: int,
              max_num_batched_tokens: int | None) -> None:
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         step = added = 0
         while added < len(order) or self.engine.has_unfinished_requests():
             while added < len(order) and requests[order[added]].arrival_step <= step:
-                r = requests[order[added]]
-                s = r.sampling
-                k = -1 if s.logits in ("full", "digest") else self.spec.logprobs
-                params = VllmSamplingParams(
-                    max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed if s.temperature > 0 else None,
-                    top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1, logprobs=k, detokenize=False, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
-                    flat_logprobs=True,
-                )
-                prompt: Any = {"prompt_token_ids": list(r.prompt_token_ids)}  # a TokensPrompt
-                rid = self.engine.add_request(r.request_id, prompt, params)
-                self.internal_ids[r.request_id] = rid
-                out = Completion(r.request_id, [], [], logits=[] if s.logits == "full" else None,
-                                 logits_digests=[] if s.logits == "digest" else None, top2=[])
-                tracks[rid] = _Track(order[added], out, s.logits)
+                self._add(requests[order[added]], order[added], tracks)
                 added += 1
             if self.engine.has_unfinished_requests():
-                outputs = self.engine.step()
-                self._record_passes(step, tracks)
-                by_external = {t.out.request_id: t for t in tracks.values()}
-                for o in outputs:
-                    self._record_tokens(by_external[o.request_id], o)
+                self._step(step, tracks)
             step += 1
             if step > limit:
                 raise RuntimeError(f"no completion after {limit} engine steps (budget {max_num_batched_tokens}, "
                                    f"chunked prefill {self.spec.enable_chunked_prefill})")
 
+    def _add(self, r: Request, index: int, tracks: dict[str, _Track]) -> None:
+        """Hand request `r` (the `index`th of the call) to vLLM and start tracking it under vLLM's id."""
+        s = r.sampling
+        prompt: Any = {"prompt_token_ids": list(r.prompt_token_ids)}  # a TokensPrompt
+        rid = self.engine.add_request(r.request_id, prompt, _sampling_params(s, self.spec.logprobs))
+        self.internal_ids[r.request_id] = rid
+        out = Completion(r.request_id, [], [], logits=[] if s.logits == "full" else None,
+                         logits_digests=[] if s.logits == "digest" else None, top2=[])
+        tracks[rid] = _Track(index, out, s.logits)
+
+    def _step(self, step: int, tracks: dict[str, _Track]) -> None:
+        """One engine step: the passes it ran recorded as evidence, the tokens it sampled as output."""
+        outputs = self.engine.step()
+        self._record_passes(step, tracks)
+        by_external = {t.out.request_id: t for t in tracks.values()}
+        for o in outputs:
+            self._record_tokens(by_external[o.request_id], o)
+
     def _record_passes(self, step: int, tracks: dict[str, _Track]) -> None:
         for one in self.tap.take():
-            # The pass's shape, from every request the scheduler put in it (ours and vLLM's own).
-            passes = list(one.values())
-            prefill = sum(p.num_new_tokens for p in passes if p.is_prefill)
-            shape: dict[str, Any] = {
-                "num_prefill_tokens": prefill, "num_decode_tokens": sum(p.num_new_tokens for p in passes) - prefill,
-                "max_query_len": max((p.num_new_tokens for p in passes), default=0),
-                "max_kv_len": max((p.num_computed_before + p.num_new_tokens for p in passes), default=0),
-                "has_chunked": any(p.is_prefill and not p.completes for p in passes),
-            }
+            shape = _pass_shape(list(one.values()))
             for position, (rid, p) in enumerate(one.items()):
                 t = tracks.get(rid)
-                if t is None:
-                    continue
-                if p.is_prefill and t.prefill_passes == 0:
-                    t.num_cached_tokens = p.num_computed_before  # a new request starts past its cached prefix
-                chunked = p.is_prefill and (t.prefill_passes > 0 or not p.completes)
-                t.prefill_passes += p.is_prefill
-                t.out.evidence.append(StepEvidence(
-                    engine_step=step, num_seqs=p.num_seqs, num_tokens=p.num_tokens, is_prefill=p.is_prefill,
-                    chunked=chunked, num_cached_tokens=t.num_cached_tokens,
-                    token_index=p.num_output_tokens if p.completes else None, seq_position=position,
-                    kv_len=p.num_computed_before + p.num_new_tokens, **shape,
-                ))
+                if t is not None:
+                    t.record_pass(step, position, p, shape)
 
     def _record_tokens(self, t: _Track, o: Any) -> None:
         c = o.outputs[0]
@@ -376,6 +394,54 @@ def _rows_of(positions: list[int], ids: list[int] | None, start: int, n: int, to
     return hits
 
 
+def _flat_inputs(kwargs: dict[str, Any]) -> tuple[list[int], list[int] | None] | None:
+    """A forward's `[num_tokens]` positions and token ids (None where the forward is given none), or None
+    without positions."""
+    positions_t, ids_t = kwargs.get("positions"), kwargs.get("input_ids")
+    if positions_t is None:
+        return None
+    positions = [int(p) for p in positions_t.reshape(-1).tolist()]
+    ids = [int(i) for i in ids_t.reshape(-1).tolist()] if ids_t is not None else None
+    return positions, ids
+
+
+def _row_starts(engine: WorkerEngine, now: dict[str, _Scheduled], positions: list[int],
+                ids: list[int] | None) -> dict[str, list[int]]:
+    """Per request of the pass, every row where its new tokens could start (one, where the pass tells them apart)."""
+    starts: dict[str, list[int]] = {}
+    for rid, sched in now.items():
+        request = engine.scheduler.requests.get(rid)
+        tokens = list(getattr(request, "all_token_ids", [])) or None
+        starts[rid] = _rows_of(positions, ids, sched.num_computed_before, sched.num_new_tokens, tokens)
+    return starts
+
+
+def _pass_evidence(now: dict[str, _Scheduled], me: _Scheduled, enforce_eager: bool) -> dict[str, Any]:
+    """What the pass was, and the target's share of it (`me`), for the localized finding."""
+    prefill = [p for p in now.values() if p.is_prefill]
+    n, c = me.num_new_tokens, me.num_computed_before
+    return {"num_seqs": me.num_seqs, "num_tokens": me.num_tokens,
+            "num_prefill_tokens": sum(p.num_new_tokens for p in prefill),
+            "num_decode_tokens": sum(p.num_new_tokens for p in now.values() if not p.is_prefill),
+            "target_num_tokens": n, "target_is_prefill": me.is_prefill,
+            "target_kv_len": c + n, "enforce_eager": enforce_eager}
+
+
+def _seq_index(starts: dict[str, list[int]], first: int) -> int | None:
+    """The rank of the sequence whose rows start at `first` among the pass's sequences, None unless every
+    sequence's rows were told apart. Sequences are laid out in the order of the input batch, which is also their
+    block-table row."""
+    if not all(len(v) == 1 for v in starts.values()):
+        return None
+    return sorted(v[0] for v in starts.values()).index(first)
+
+
+def _block_size(engine: WorkerEngine) -> Any:
+    """The KV cache's block size from the engine's `VllmConfig`, None where it does not say."""
+    cache_config = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
+    return getattr(cache_config, "block_size", None)
+
+
 def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dict[str, Any],
                  target_rid: str) -> Any:
     """The target's rows in one vLLM forward over flattened `[num_tokens]` inputs.
@@ -386,40 +452,23 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
     """
     from oracle.capture.rows import Grid, PassLayout
 
-    if not engine.tap.passes:
-        return None
-    now = engine.tap.passes[-1]
+    now = engine.tap.passes[-1] if engine.tap.passes else {}
     me = now.get(target_rid)
-    positions_t, ids_t = kwargs.get("positions"), kwargs.get("input_ids")
-    if me is None or positions_t is None:
+    flat = _flat_inputs(kwargs)
+    if me is None or flat is None:
         return None
-    positions = [int(p) for p in positions_t.reshape(-1).tolist()]
-    ids = [int(i) for i in ids_t.reshape(-1).tolist()] if ids_t is not None else None
-    starts: dict[str, list[int]] = {}
-    for rid, sched in now.items():
-        request = engine.scheduler.requests.get(rid)
-        tokens = list(getattr(request, "all_token_ids", [])) or None
-        starts[rid] = _rows_of(positions, ids, sched.num_computed_before, sched.num_new_tokens, tokens)
+    positions, ids = flat
+    starts = _row_starts(engine, now, positions, ids)
     mine = starts[target_rid]
     if len(mine) != 1:
         return None  # not found, or another sequence holds the same tokens at the same positions
     first, n, c = mine[0], me.num_new_tokens, me.num_computed_before
     grids = [Grid((len(positions),), tuple((first + k,) for k in range(n)), tuple(range(c, c + n)))]
-    # Sequences are laid out in the order of the input batch, which is also their block-table row.
-    seq_index = sorted(v[0] for v in starts.values() if v).index(first) \
-        if all(len(v) == 1 for v in starts.values()) else None
-    if me.completes and all(len(v) == 1 for v in starts.values()) and len(now) != len(positions):
-        rank = sorted(v[0] for v in starts.values()).index(first)
-        grids.append(Grid((len(now),), ((rank,),), (c + n - 1,)))
-    prefill = [p for p in now.values() if p.is_prefill]
-    evidence = {"num_seqs": me.num_seqs, "num_tokens": me.num_tokens,
-                "num_prefill_tokens": sum(p.num_new_tokens for p in prefill),
-                "num_decode_tokens": sum(p.num_new_tokens for p in now.values() if not p.is_prefill),
-                "target_num_tokens": n, "target_is_prefill": me.is_prefill,
-                "target_kv_len": c + n, "enforce_eager": engine.spec.enforce_eager}
-    block_size = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
-    return PassLayout(forward_pass, step, tuple(grids), evidence, seq_index=seq_index, kv_len=c + n,
-                      block_size=getattr(block_size, "block_size", None))
+    seq_index = _seq_index(starts, first)
+    if me.completes and seq_index is not None and len(now) != len(positions):
+        grids.append(Grid((len(now),), ((seq_index,),), (c + n - 1,)))  # [num_seqs, vocab] logits
+    return PassLayout(forward_pass, step, tuple(grids), _pass_evidence(now, me, engine.spec.enforce_eager),
+                      seq_index=seq_index, kv_len=c + n, block_size=_block_size(engine))
 
 
 # FlashAttention's ops return `Tensor[]` with alias annotations that fail under Python dispatch: the
@@ -510,85 +559,128 @@ def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
             h.remove()
 
 
+_UNKNOWN = "unknown"
+# Environment variables of the worker that decide kernels, reductions or scheduling (the posture's `env`).
+_POSTURE_ENV = ("VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION",
+                "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CPU_ATTN_SPLIT_KV", "CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO",
+                "NCCL_PROTO", "OMP_NUM_THREADS")
+_THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_ATTN_SPLIT_KV", "VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND")
+# Compilation passes that shard activations across ranks (sequence parallelism and its fused kin).
+_SP_PASSES = ("enable_sp", "enable_sequence_parallelism", "fuse_gemm_comms")
+
+
 def _agreed(values: list[Any]) -> Any:
     """One value where every rank agrees, else each rank's value in rank order ("rank 0: x; rank 1: y")."""
     if not values:
-        return "unknown"
+        return _UNKNOWN
     if all(v == values[0] for v in values):
         return values[0]
     return "; ".join(f"rank {i}: {v}" for i, v in enumerate(values))
+
+
+def _per_rank(ranks: list[dict[str, Any]], key: str) -> list[Any]:
+    """Each rank's `key`, in rank order ("unknown" where a rank did not report it)."""
+    return [r.get(key, _UNKNOWN) for r in ranks]
+
+
+def _environ(keys: tuple[str, ...]) -> dict[str, str]:
+    import os
+
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def _read(obj: Any, *path: str) -> Any:
+    """`obj.a.b...` along `path`, "unknown" where an attribute on the way is missing or None."""
+    for name in path:
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return _UNKNOWN
+    return obj
+
+
+def _text(value: Any) -> Any:
+    """A setting as a report holds it: a scalar as it is, anything else as its text."""
+    return value if isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def _attention(cfg: Any, ranks: list[dict[str, Any]]) -> Any:
+    """The ranks' attention backend (at TP > 1 this process holds no attention layer), with FlashAttention's
+    version where it is FlashAttention."""
+    attention = _agreed(_per_rank(ranks, "attention_backend"))
+    if "FLASH_ATTN" not in attention:
+        return attention
+    fa_version = _read(cfg, "attention_config", "flash_attn_version")
+    with contextlib.suppress(Exception):
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+
+        fa_version = get_flash_attn_version() if fa_version == _UNKNOWN else fa_version
+    return attention + (f" (FA{fa_version})" if fa_version not in (_UNKNOWN, None) else "")
+
+
+def _is_sp_pass(name: str) -> bool:
+    return name in _SP_PASSES or "sequence_parallel" in name or "async_tp" in name
+
+
+def _sequence_parallel(cfg: Any) -> bool:
+    """Whether any compilation pass that shards activations across ranks is on."""
+    passes = _read(cfg, "compilation_config", "pass_config")
+    flags = {k: v for k, v in vars(passes).items() if isinstance(v, bool)} if passes != _UNKNOWN else {}
+    return any(v for k, v in flags.items() if _is_sp_pass(k))
+
+
+def _graphs(cfg: Any, enforce_eager: bool) -> dict[str, Any]:
+    """CUDA graphs (mode and captured sizes) and torch.compile's mode; all off when eager."""
+    if enforce_eager:
+        return {"cuda_graphs": "off", "cuda_graph_sizes": [], "compile_mode": "none (eager)"}
+    sizes = _read(cfg, "compilation_config", "cudagraph_capture_sizes")
+    return {"cuda_graphs": _text(_read(cfg, "compilation_config", "cudagraph_mode")),
+            "cuda_graph_sizes": list(sizes) if isinstance(sizes, list) else [],
+            "compile_mode": _text(_read(cfg, "compilation_config", "mode"))}
+
+
+def _spec_decoding(cfg: Any) -> Any:
+    spec_cfg = _read(cfg, "speculative_config")
+    return "none" if spec_cfg in (_UNKNOWN, None) else _text(getattr(spec_cfg, "method", spec_cfg))
+
+
+def _sampler(device: Any) -> str:
+    """vLLM's top-k/top-p sampler: FlashInfer's on CUDA unless VLLM_USE_FLASHINFER_SAMPLER=0, else PyTorch's."""
+    import os
+
+    if str(device).startswith("cuda") and os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0":
+        return "flashinfer (top-k/top-p)"
+    return "pytorch (vLLM's TopKTopPSampler)"
 
 
 def _posture(engine: Any, spec: WorkerSpec, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The settings vLLM resolved at start (`oracle.posture.FIELDS`), read from its `VllmConfig` and, for what
     only the processes that run the model know (device, attention backend, all-reduce, linear kernels), from
     each rank's own report (`ranks`); whatever this vLLM version does not expose is "unknown", never guessed."""
-    import os
-
-    unknown = "unknown"
     cfg = getattr(engine, "vllm_config", None)
-
-    def read(obj: Any, *path: str) -> Any:
-        for name in path:
-            obj = getattr(obj, name, None)
-            if obj is None:
-                return unknown
-        return obj
-
-    def text(value: Any) -> Any:
-        return value if isinstance(value, (bool, int, float, str)) else str(value)
-
-    device = text(read(cfg, "device_config", "device"))
-    # The ranks' attention layers (at TP > 1 this process holds none); one value where the ranks agree.
-    attention = _agreed([r.get("attention_backend", unknown) for r in ranks])
-    fa_version = read(cfg, "attention_config", "flash_attn_version")
-    if "FLASH_ATTN" in attention:
-        with contextlib.suppress(Exception):
-            from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
-
-            fa_version = get_flash_attn_version() if fa_version == unknown else fa_version
-        attention += f" (FA{fa_version})" if fa_version not in (unknown, None) else ""
-    passes = read(cfg, "compilation_config", "pass_config")
-    pass_flags = {k: v for k, v in vars(passes).items() if isinstance(v, bool)} if passes != unknown else {}
-    sp = any(v for k, v in pass_flags.items() if k in ("enable_sp", "enable_sequence_parallelism")
-             or "sequence_parallel" in k or "async_tp" in k or k == "fuse_gemm_comms")
-    tp = read(cfg, "parallel_config", "tensor_parallel_size")
-    spec_cfg = read(cfg, "speculative_config")
-    sampler = "pytorch (vLLM's TopKTopPSampler)"
-    if str(device).startswith("cuda"):
-        sampler = "flashinfer (top-k/top-p)" if os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0" \
-            else "pytorch (vLLM's TopKTopPSampler)"
-    keys = ("VLLM_BATCH_INVARIANT", "VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
-            "VLLM_CPU_ATTN_SPLIT_KV", "CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "OMP_NUM_THREADS")
+    device = _text(_read(cfg, "device_config", "device"))
     return {
-        "engine": "vllm", "device": device, "dtype": text(read(cfg, "model_config", "dtype")).removeprefix("torch."),
-        "attention_backend": attention,
-        "cuda_graphs": "off" if spec.enforce_eager else text(read(cfg, "compilation_config", "cudagraph_mode")),
-        "cuda_graph_sizes": list(read(cfg, "compilation_config", "cudagraph_capture_sizes") or [])
-        if not spec.enforce_eager and isinstance(read(cfg, "compilation_config", "cudagraph_capture_sizes"), list)
-        else [],
-        "compile_mode": "none (eager)" if spec.enforce_eager else text(read(cfg, "compilation_config", "mode")),
-        "async_scheduling": text(read(cfg, "scheduler_config", "async_scheduling")),
-        "chunked_prefill": text(read(cfg, "scheduler_config", "enable_chunked_prefill")),
-        "prefix_caching": text(read(cfg, "cache_config", "enable_prefix_caching")),
-        "spec_decoding": "none" if spec_cfg in (unknown, None) else text(getattr(spec_cfg, "method", spec_cfg)),
-        "tensor_parallel": text(tp), "pipeline_parallel": text(read(cfg, "parallel_config", "pipeline_parallel_size")),
-        "sequence_parallel": sp, "all_reduce": _agreed([r.get("all_reduce", unknown) for r in ranks]),
-        "rank_devices": [r.get("device", unknown) for r in ranks] or unknown,
-        "sampler": sampler, "kv_cache_dtype": text(read(cfg, "cache_config", "cache_dtype")),
-        "quantization": text(getattr(getattr(cfg, "model_config", None), "quantization", None) or "none"),
-        "linear_kernel": _agreed([r.get("linear_kernel", unknown) for r in ranks]),
-        "env": {k: os.environ[k] for k in keys if k in os.environ},
+        "engine": "vllm", "device": device, "dtype": _text(_read(cfg, "model_config", "dtype")).removeprefix("torch."),
+        "attention_backend": _attention(cfg, ranks),
+        **_graphs(cfg, spec.enforce_eager),
+        "async_scheduling": _text(_read(cfg, "scheduler_config", "async_scheduling")),
+        "chunked_prefill": _text(_read(cfg, "scheduler_config", "enable_chunked_prefill")),
+        "prefix_caching": _text(_read(cfg, "cache_config", "enable_prefix_caching")),
+        "spec_decoding": _spec_decoding(cfg),
+        "tensor_parallel": _text(_read(cfg, "parallel_config", "tensor_parallel_size")),
+        "pipeline_parallel": _text(_read(cfg, "parallel_config", "pipeline_parallel_size")),
+        "sequence_parallel": _sequence_parallel(cfg), "all_reduce": _agreed(_per_rank(ranks, "all_reduce")),
+        "rank_devices": _per_rank(ranks, "device") or _UNKNOWN,
+        "sampler": _sampler(device), "kv_cache_dtype": _text(_read(cfg, "cache_config", "cache_dtype")),
+        "quantization": _text(getattr(getattr(cfg, "model_config", None), "quantization", None) or "none"),
+        "linear_kernel": _agreed(_per_rank(ranks, "linear_kernel")),
+        "env": _environ(_POSTURE_ENV),
     }
 
 
 def _threads() -> dict[str, Any]:
-    import os
-
     import torch
 
-    keys = ("OMP_NUM_THREADS", "VLLM_CPU_ATTN_SPLIT_KV", "VLLM_BATCH_INVARIANT", "VLLM_CPU_OMP_THREADS_BIND")
-    return {"torch_threads": torch.get_num_threads(), "env": {k: os.environ[k] for k in keys if k in os.environ}}
+    return {"torch_threads": torch.get_num_threads(), "env": _environ(_THREAD_ENV)}
 
 
 def _reply(e: BaseException) -> tuple[str, str]:

@@ -17,6 +17,7 @@ before a run starts, with a pointer to the engines that run any transformers mod
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,29 +63,54 @@ def _rope_type(raw: dict[str, Any]) -> str:
     return "default"
 
 
-def native_layout_problem(raw: dict[str, Any]) -> str | None:
-    """Why the native decoder cannot run this config.json, or None when it can."""
-    archs = raw.get("architectures") or []
-    arch = next((NATIVE_ARCHITECTURES[a] for a in archs if a in NATIVE_ARCHITECTURES), None)
-    if arch is None:
-        return f"architectures {archs} are not supported by the native engine (supported: {', '.join(NATIVE_ARCHITECTURES)})"
+def _lacks_dimensions(raw: dict[str, Any], arch: str) -> str | None:
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in raw]
-    if missing:
-        return f"{archs[0]} config lacks {', '.join(missing)}"
-    if _rope_type(raw) != "default":
-        return f"rope scaling {_rope_type(raw)!r} is not supported by the native engine (plain rotary only)"
+    return f"{(raw.get('architectures') or [])[0]} config lacks {', '.join(missing)}" if missing else None
+
+
+def _scaled_rope(raw: dict[str, Any], arch: str) -> str | None:
+    kind = _rope_type(raw)
+    return f"rope scaling {kind!r} is not supported by the native engine (plain rotary only)" \
+        if kind != "default" else None
+
+
+def _other_activation(raw: dict[str, Any], arch: str) -> str | None:
     act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        return f"hidden_act {act!r} is not supported by the native engine (silu only)"
+    return f"hidden_act {act!r} is not supported by the native engine (silu only)" if act != "silu" else None
+
+
+def _sliding_window(raw: dict[str, Any], arch: str) -> str | None:
+    """A window shorter than the context (Mistral's is on unless `use_sliding_window: false`)."""
     window = raw.get("sliding_window")
     sliding = raw.get("use_sliding_window", arch == "mistral")
     limit = int(raw.get("max_position_embeddings", 0) or 0)
     if sliding and window is not None and int(window) < limit:
         return (f"a sliding window of {window} tokens is not supported by the native engine "
                 f"(set sliding_window: null or use_sliding_window: false)")
-    if raw.get("mlp_bias"):
-        return "mlp_bias is not supported by the native engine"
+    return None
+
+
+def _mlp_bias(raw: dict[str, Any], arch: str) -> str | None:
+    return "mlp_bias is not supported by the native engine" if raw.get("mlp_bias") else None
+
+
+# What keeps a checkpoint of a native architecture off the native decoder, checked in this order.
+_LAYOUT_CHECKS: tuple[Callable[[dict[str, Any], str], str | None], ...] = (
+    _lacks_dimensions, _scaled_rope, _other_activation, _sliding_window, _mlp_bias,
+)
+
+
+def native_layout_problem(raw: dict[str, Any]) -> str | None:
+    """Why the native decoder cannot run this config.json, or None when it can."""
+    archs = raw.get("architectures") or []
+    arch = next((NATIVE_ARCHITECTURES[a] for a in archs if a in NATIVE_ARCHITECTURES), None)
+    if arch is None:
+        return f"architectures {archs} are not supported by the native engine (supported: {', '.join(NATIVE_ARCHITECTURES)})"
+    for check in _LAYOUT_CHECKS:
+        problem = check(raw, arch)
+        if problem is not None:
+            return problem
     return None
 
 

@@ -64,20 +64,32 @@ def fetch(repo_id: str, revision: str | None = None, *, weights: bool = True) ->
     try:
         path = snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=patterns,
                                  local_files_only=offline())
-    except LocalEntryNotFoundError as e:
-        why = "offline (HF_HUB_OFFLINE=1)" if offline() else "the hub cannot be reached"
-        raise ModelError(f"model {at}: not in {where} and {why}; download it first "
-                         f"(`hf download {repo_id}`) or give a checkpoint directory") from e
-    except GatedRepoError as e:
-        raise ModelError(f"model {at}: gated repository; accept its terms on the hub and log in (`hf auth login`)"
-                         ) from e
-    except RepositoryNotFoundError as e:
-        raise ModelError(f"model {at}: no such model repository on the hub (or it is private)") from e
-    except RevisionNotFoundError as e:
-        raise ModelError(f"model {at}: revision {revision!r} not found") from e
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise ModelError(f"model {at}: cannot fetch from the hub: {type(e).__name__}: {_first_line(e)}") from e
+    except (LocalEntryNotFoundError, GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError,
+            HfHubHTTPError, OSError, ValueError) as e:
+        raise ModelError(f"model {at}: {_fetch_failure(e, repo_id, revision, where)}") from e
     return Path(str(path))
+
+
+def _fetch_failure(e: Exception, repo_id: str, revision: str | None, where: str) -> str:
+    """What a failed download means for the user, and what to do (the most specific error first: a gated
+    repository is also one not found)."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(e, LocalEntryNotFoundError):
+        why = "offline (HF_HUB_OFFLINE=1)" if offline() else "the hub cannot be reached"
+        return f"not in {where} and {why}; download it first (`hf download {repo_id}`) or give a checkpoint directory"
+    if isinstance(e, GatedRepoError):
+        return "gated repository; accept its terms on the hub and log in (`hf auth login`)"
+    if isinstance(e, RepositoryNotFoundError):
+        return "no such model repository on the hub (or it is private)"
+    if isinstance(e, RevisionNotFoundError):
+        return f"revision {revision!r} not found"
+    return f"cannot fetch from the hub: {type(e).__name__}: {_first_line(e)}"
 
 
 def _first_line(e: Exception) -> str:

@@ -10,11 +10,12 @@ implementation pads it; `safetensors.safe_open` reads the result.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 import torch
 
@@ -90,6 +91,13 @@ MAX_HEADER_BYTES = 100 << 20
 def read_header(path: Path) -> dict[str, dict[str, Any]]:
     """The tensors a safetensors file holds (name -> dtype, shape, data_offsets), each checked
     against the file's size. Raises ModelError naming the file, and the tensor where one is at fault."""
+    header, data_size = _raw_header(path)
+    return {name: _tensor_entry(f"{path}: tensor {name}", info, data_size)
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def _raw_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The header's JSON object and the bytes of data after it; ModelError for a file too short for either."""
     from oracle.errors import ModelError
 
     try:
@@ -110,30 +118,36 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
         raise ModelError(f"{path}: corrupt safetensors header ({e})") from e
     if not isinstance(header, dict):
         raise ModelError(f"{path}: corrupt safetensors header (not a JSON object)")
-    data_size = size - 8 - n
-    tensors: dict[str, dict[str, Any]] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        where = f"{path}: tensor {name}"
-        if not isinstance(info, dict):
-            raise ModelError(f"{where}: corrupt header entry")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in ITEMSIZE:
-            raise ModelError(f"{where}: unknown dtype {dtype!r}")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise ModelError(f"{where}: corrupt shape {shape!r}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise ModelError(f"{where}: corrupt data_offsets {offsets!r}")
-        numel = 1
-        for d in shape:
-            numel *= d
-        if offsets[1] - offsets[0] != numel * ITEMSIZE[dtype]:
-            raise ModelError(f"{where}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
-                             f"(expected {numel * ITEMSIZE[dtype]})")
-        if offsets[1] > data_size:
-            raise ModelError(f"{where}: bytes [{offsets[0]}, {offsets[1]}) beyond the end of the data "
-                             f"({data_size} bytes): the file is truncated")
-        tensors[name] = {"dtype": dtype, "shape": tuple(shape), "data_offsets": tuple(offsets)}
-    return tensors
+    return header, size - 8 - n
+
+
+def _is_shape(shape: Any) -> TypeGuard[list[int]]:
+    return isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+def _is_offsets(offsets: Any) -> TypeGuard[list[int]]:
+    return (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1])
+
+
+def _tensor_entry(where: str, info: Any, data_size: int) -> dict[str, Any]:
+    """One tensor's header entry, its byte range checked against its dtype and shape and the data's size."""
+    from oracle.errors import ModelError
+
+    if not isinstance(info, dict):
+        raise ModelError(f"{where}: corrupt header entry")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in ITEMSIZE:
+        raise ModelError(f"{where}: unknown dtype {dtype!r}")
+    if not _is_shape(shape):
+        raise ModelError(f"{where}: corrupt shape {shape!r}")
+    if not _is_offsets(offsets):
+        raise ModelError(f"{where}: corrupt data_offsets {offsets!r}")
+    expected = math.prod(shape) * ITEMSIZE[dtype]
+    if offsets[1] - offsets[0] != expected:
+        raise ModelError(f"{where}: {offsets[1] - offsets[0]} bytes for shape {shape} {dtype} "
+                         f"(expected {expected})")
+    if offsets[1] > data_size:
+        raise ModelError(f"{where}: bytes [{offsets[0]}, {offsets[1]}) beyond the end of the data "
+                         f"({data_size} bytes): the file is truncated")
+    return {"dtype": dtype, "shape": tuple(shape), "data_offsets": tuple(offsets)}

@@ -95,6 +95,17 @@ def _dimension(raw: dict[str, Any], key: str, path: Path, least: int) -> int:
     return value
 
 
+def _read_dim(sources: list[dict[str, Any]], name: str, path: Path) -> tuple[str, int] | None:
+    """Dimension `name` as the first source that spells it gives it, with that spelling; None when no source
+    does, or gives an optional dimension as 0."""
+    for source in sources:
+        key = next((k for k in DIM_KEYS[name] if source.get(k) is not None), None)
+        if key is not None:
+            value = _dimension(source, key, path, 0 if name in OPTIONAL_DIMS else 1)
+            return (key, value) if value else None
+    return None
+
+
 def read_dims(raw: dict[str, Any], path: Path) -> ModelDims:
     """The dimensions of a parsed config.json (a multimodal model's `text_config` fills in what the top
     level lacks); ModelError naming the file and key for a value that is not a positive integer."""
@@ -104,17 +115,31 @@ def read_dims(raw: dict[str, Any], path: Path) -> ModelDims:
         sources.append(text)
     values: dict[str, int] = {}
     keys: dict[str, str] = {}
-    for name, spellings in DIM_KEYS.items():
-        for source in sources:
-            key = next((k for k in spellings if source.get(k) is not None), None)
-            if key is not None:
-                value = _dimension(source, key, path, 0 if name in OPTIONAL_DIMS else 1)
-                if value:
-                    values[name], keys[name] = value, key
-                break
+    for name in DIM_KEYS:
+        found = _read_dim(sources, name, path)
+        if found is not None:
+            keys[name], values[name] = found
     tie = raw.get("tie_word_embeddings", True) is not False  # only an explicit false adds an lm_head
     act = str(raw.get("hidden_act") or raw.get("activation_function") or "")
     return ModelDims(values, keys, tie, act in GATED_MLP_ACTS)
+
+
+def _attention_widths(d: ModelDims, h: int) -> tuple[int, int]:
+    """The widths of the queries (heads x head_dim) and of K or of V (KV heads x head_dim); `h` where the
+    heads are not given."""
+    heads = d.get("num_attention_heads")
+    head_dim = d.get("head_dim") or (max(1, h // heads) if heads else None)
+    q_dim = heads * head_dim if heads and head_dim else h
+    kv_dim = (d.get("num_key_value_heads") or heads or 0) * head_dim if head_dim else h
+    return q_dim, kv_dim
+
+
+def _mlp_params(d: ModelDims, h: int) -> int:
+    """One layer's MLP: 2 or 3 matrices of hidden x intermediate, per expert of a mixture."""
+    mlp_mats = 3 if d.gated_mlp else 2
+    experts = d.get("num_experts") or 1
+    inter = d.get("moe_intermediate_size") if experts > 1 and d.get("moe_intermediate_size") else None
+    return mlp_mats * h * (inter or d.get("intermediate_size") or 4 * h) * experts  # GPT-2's n_inner: null is 4h
 
 
 def weight_params(d: ModelDims) -> int | None:
@@ -122,15 +147,8 @@ def weight_params(d: ModelDims) -> int | None:
     vocab, h, layers = d.get("vocab_size"), d.get("hidden_size"), d.get("num_hidden_layers")
     if vocab is None or h is None or layers is None:
         return None
-    heads = d.get("num_attention_heads")
-    head_dim = d.get("head_dim") or (max(1, h // heads) if heads else None)
-    q_dim = heads * head_dim if heads and head_dim else h
-    kv_dim = (d.get("num_key_value_heads") or heads or 0) * head_dim if head_dim else h
-    mlp_mats = 3 if d.gated_mlp else 2
-    experts = d.get("num_experts") or 1
-    inter = d.get("moe_intermediate_size") if experts > 1 and d.get("moe_intermediate_size") else None
-    mlp = mlp_mats * h * (inter or d.get("intermediate_size") or 4 * h) * experts  # GPT-2's n_inner: null is 4h
-    per_layer = 2 * h * q_dim + 2 * h * kv_dim + mlp + 2 * h  # q, o; k, v; MLP; two norms
+    q_dim, kv_dim = _attention_widths(d, h)
+    per_layer = 2 * h * q_dim + 2 * h * kv_dim + _mlp_params(d, h) + 2 * h  # q, o; k, v; MLP; two norms
     embeddings = vocab * h * (1 if d.tie_word_embeddings else 2)
     return embeddings + layers * per_layer + h
 

@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,40 @@ def _int_setting(value: Any, default: int) -> Any:
         return UNKNOWN
 
 
+def _rank_devices(value: Any) -> Any:
+    """One device per rank, as the ranks report them."""
+    return [str(v) for v in value] if isinstance(value, list) and value else UNKNOWN
+
+
+def _count(value: Any) -> Any:
+    """A count (`tensor_parallel`) as an integer, where it reads as one."""
+    return _setting(_int_setting(value, 1) if value != UNKNOWN else value)
+
+
+def _env_field(value: Any) -> Any:
+    """The engine's environment mapping, or "unknown" where it gave none."""
+    return value if value == UNKNOWN else _env(value)
+
+
+# How a field's value is read where it is not a plain setting (`_setting`).
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "env": _env_field,
+    "rank_devices": _rank_devices,
+    **{key: _count for key in _COUNTS},
+}
+
+
+def _described(key: str, described: dict[str, Any], own: Any) -> Any:
+    """The value `describe()` gives for field `key`: its own posture's, else the describe key of that name,
+    else one of its aliases; "unknown" where none is given."""
+    if isinstance(own, dict) and own.get(key) is not None:
+        return own[key]
+    if described.get(key) is not None:
+        return described[key]
+    alias = next((a for a, k in _ALIASES.items() if k == key and described.get(a) is not None), None)
+    return described[alias] if alias is not None else UNKNOWN
+
+
 def posture_of(described: dict[str, Any]) -> dict[str, Any]:
     """One engine's posture from its `describe()`: the engine's own `posture` first, then the describe
     keys that name the same setting, then "unknown". A value of another shape than a setting's (a list
@@ -83,23 +118,7 @@ def posture_of(described: dict[str, Any]) -> dict[str, Any]:
         return {key: UNKNOWN for key in FIELDS}
     described = {str(k): v for k, v in described.items()}
     own = described.get("posture")
-    out: dict[str, Any] = {}
-    for key in FIELDS:
-        value: Any = UNKNOWN
-        if isinstance(own, dict) and own.get(key) is not None:
-            value = own[key]
-        elif described.get(key) is not None:
-            value = described[key]
-        else:
-            alias = next((a for a, k in _ALIASES.items() if k == key and described.get(a) is not None), None)
-            if alias is not None:
-                value = described[alias]
-        if key == "env":
-            out[key] = value if value == UNKNOWN else _env(value)
-        elif key == "rank_devices":  # one device per rank, as the ranks report them
-            out[key] = [str(v) for v in value] if isinstance(value, list) and value else UNKNOWN
-        else:
-            out[key] = _setting(_int_setting(value, 1) if key in _COUNTS and value != UNKNOWN else value)
+    out = {key: _READERS.get(key, _setting)(_described(key, described, own)) for key in FIELDS}
     if out["engine"] == "native":
         _fill_native(out, described)
     if out["env"] == UNKNOWN:
@@ -160,9 +179,6 @@ def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str
     if mode == "invariant" and invariance == "vllm":
         env["VLLM_BATCH_INVARIANT"] = "1"
     # engine_args are vLLM's to check: a value of the wrong type reads "unknown" here, and vLLM refuses it.
-    compilation = args.get("compilation_config")
-    passes = compilation.get("pass_config") if isinstance(compilation, dict) else None
-    passes = passes if isinstance(passes, dict) else {}
     tp = _int_setting(args.get("tensor_parallel_size"), vllm.tensor_parallel_size)
     import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
 
@@ -174,8 +190,7 @@ def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str
         async_scheduling=bool(args.get("async_scheduling", False)),
         tensor_parallel=tp,
         pipeline_parallel=_int_setting(args.get("pipeline_parallel_size"), vllm.pipeline_parallel_size),
-        sequence_parallel=bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism")
-                               or passes.get("enable_async_tp")),
+        sequence_parallel=_declared_sequence_parallel(args),
         spec_decoding="on" if args.get("speculative_config") else "none",
         kv_cache_dtype=_setting(args.get("kv_cache_dtype", UNKNOWN)),
         quantization=_setting(args.get("quantization", UNKNOWN)),
@@ -184,6 +199,16 @@ def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str
         all_reduce="none" if tp == 1 else UNKNOWN,
         sampler=_vllm_sampler(env),
     )
+
+
+def _declared_sequence_parallel(args: dict[str, Any]) -> bool:
+    """Whether vLLM's engine_args turn on a compilation pass that shards activations across ranks."""
+    compilation = args.get("compilation_config")
+    passes = compilation.get("pass_config") if isinstance(compilation, dict) else None
+    if not isinstance(passes, dict):
+        return False
+    return bool(passes.get("enable_sp") or passes.get("enable_sequence_parallelism") or passes.get("enable_async_tp"))
+
 
 def declare_native(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str]) -> None:
     """Our own engine: everything follows from the config (`_fill_native`)."""

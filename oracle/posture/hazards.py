@@ -11,6 +11,7 @@ before the engines start (declared posture), records the matches of the real pos
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -23,7 +24,20 @@ from oracle.errors import ConfigError
 from oracle.posture import UNKNOWN
 
 Match = Literal["matches", "possible"]
-_OPS = ("contains", "min", "above", "not")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# A condition's operators (`{op: arg}`), each a test of the reported value against its argument.
+_CONDITION_OPS: dict[str, Callable[[Any, Any], bool | None]] = {
+    "contains": lambda arg, value: str(arg).lower() in str(value).lower(),
+    "min": lambda arg, value: _is_number(value) and value >= arg,
+    "above": lambda arg, value: _is_number(value) and value > arg,
+    "not": lambda arg, value: not _holds(arg, value),
+}
+_OPS = tuple(_CONDITION_OPS)
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,27 @@ NAMED_PROBES = ("fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "c
 THRESHOLD_PROBES = ("pass_tokens", "pass_bytes")
 
 
+def _is_condition_key(key: Any, fields: tuple[str, ...]) -> bool:
+    """A posture setting (`attention_backend`), or a fact under `model.`, `sampling.` or `env.`."""
+    head, dot, rest = str(key).partition(".")
+    if dot:
+        return bool(rest) and head in ("model", "sampling", "env")
+    return key in fields
+
+
+def _is_condition(cond: Any) -> bool:
+    """A value, or a mapping of exactly one operator (`{min: 2}`) to its argument."""
+    return not isinstance(cond, dict) or (len(cond) == 1 and next(iter(cond)) in _OPS)
+
+
+def _is_threshold_probe(p: Any) -> bool:
+    """`{pass_tokens: N}` or `{pass_bytes: N}` with an integer N >= 1."""
+    if not isinstance(p, dict) or len(p) != 1:
+        return False
+    name, at = next(iter(p.items()))
+    return name in THRESHOLD_PROBES and isinstance(at, int) and not isinstance(at, bool) and at >= 1
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -111,13 +146,11 @@ class HazardEntry(_Strict):
         from oracle.posture import FIELDS
 
         for key, cond in when.items():
-            head, dot, rest = str(key).partition(".")
-            if not ((dot and rest and head in ("model", "sampling", "env")) or (not dot and key in FIELDS)):
+            if not _is_condition_key(key, FIELDS):
                 raise ValueError(f"{key}: not a posture setting ({', '.join(FIELDS)}), model.*, sampling.* "
                                  "or env.*")
-            for c in cond if isinstance(cond, list) else [cond]:
-                if isinstance(c, dict) and (len(c) != 1 or next(iter(c)) not in _OPS):
-                    raise ValueError(f"{key}: a condition is a value, a list, or one of {', '.join(_OPS)}")
+            if not all(_is_condition(c) for c in (cond if isinstance(cond, list) else [cond])):
+                raise ValueError(f"{key}: a condition is a value, a list, or one of {', '.join(_OPS)}")
         return when
 
     @field_validator("probes")
@@ -127,11 +160,9 @@ class HazardEntry(_Strict):
             if isinstance(p, str) and p not in NAMED_PROBES:
                 raise ValueError(f"{i}: {p!r} is not a probe ({', '.join(NAMED_PROBES)}, or {{pass_tokens: N}}, "
                                  "{pass_bytes: N})")
-            elif not isinstance(p, str):
-                name, at = next(iter(p.items())) if isinstance(p, dict) and len(p) == 1 else (None, 0)
-                if name not in THRESHOLD_PROBES or isinstance(at, bool) or not isinstance(at, int) or at < 1:
-                    raise ValueError(f"{i}: a threshold probe is {{pass_tokens: N}} or {{pass_bytes: N}}, N >= 1 "
-                                     f"(got {p!r})")
+            if not isinstance(p, str) and not _is_threshold_probe(p):
+                raise ValueError(f"{i}: a threshold probe is {{pass_tokens: N}} or {{pass_bytes: N}}, N >= 1 "
+                                 f"(got {p!r})")
         return probes
 
     def hazard(self, source: str) -> Hazard:
@@ -154,22 +185,38 @@ def load_hazards(text: str | None = None, source: str = "hazards.yaml") -> tuple
         raise ConfigError(f"{source}: expected a list of hazards (- id: ..., engine: ..., when: ...)")
     out: list[Hazard] = []
     for i, e in enumerate(raw):
-        name = f"hazard {i}" + (f" ({e['id']})" if isinstance(e, dict) and isinstance(e.get("id"), str) else "")
-        if not isinstance(e, dict):
-            raise ConfigError(f"{source}: {name}: expected a mapping (id, title, engine, when, threshold, ...)")
-        try:
-            entry = HazardEntry.model_validate(e)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(x) for x in first["loc"]) or "<entry>"
-            msg = "unknown field" if first["type"] == "extra_forbidden" else \
-                "required field missing" if first["type"] == "missing" else \
-                str(first["msg"]).removeprefix("Value error, ")
-            raise ConfigError(f"{source}: {name}: {field}: {msg}") from err
+        name = _entry_name(i, e)
+        entry = _entry(e, source, name)
         if any(h.id == entry.id for h in out):
             raise ConfigError(f"{source}: {name}: id: {entry.id!r} is declared twice")
         out.append(entry.hazard(source))
     return tuple(out)
+
+
+def _entry_name(i: int, e: Any) -> str:
+    """How an error names entry `i`: `hazard 3 (its-id)`, or `hazard 3` where it has no id."""
+    return f"hazard {i}" + (f" ({e['id']})" if isinstance(e, dict) and isinstance(e.get("id"), str) else "")
+
+
+def _entry(e: Any, source: str, name: str) -> HazardEntry:
+    """One entry of a hazards file, validated; ConfigError naming the file, the entry and the field."""
+    if not isinstance(e, dict):
+        raise ConfigError(f"{source}: {name}: expected a mapping (id, title, engine, when, threshold, ...)")
+    try:
+        return HazardEntry.model_validate(e)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "<entry>"
+        raise ConfigError(f"{source}: {name}: {field}: {_problem(first)}") from err
+
+
+def _problem(error: Any) -> str:
+    """A validation error's message, as the file's author reads it."""
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field missing"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def load_user_hazards(path: Path) -> tuple[Hazard, ...]:
@@ -209,6 +256,15 @@ def version_in(version: Any, lo: str | None, below: str | None) -> bool | None:
     return (lo is None or v >= _version(lo)) and (below is None or v < _version(below))
 
 
+def _equals(cond: Any, value: Any) -> bool:
+    """A plain condition: booleans only equal booleans, text compares without case, the rest by value."""
+    if isinstance(cond, bool) or isinstance(value, bool):
+        return isinstance(cond, bool) and isinstance(value, bool) and cond == value
+    if isinstance(cond, str) or isinstance(value, str):
+        return str(cond).lower() == str(value).lower()
+    return bool(cond == value)
+
+
 def _holds(cond: Any, value: Any) -> bool | None:
     """One condition on one value: True, False, or None when the value is unknown."""
     if value is None or value == UNKNOWN:
@@ -217,18 +273,9 @@ def _holds(cond: Any, value: Any) -> bool | None:
         return any(_holds(c, value) for c in cond)
     if isinstance(cond, dict):
         op, arg = next(iter(cond.items()))
-        if op == "contains":
-            return str(arg).lower() in str(value).lower()
-        if op == "not":
-            return not _holds(arg, value)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return False
-        return value >= arg if op == "min" else value > arg
-    if isinstance(cond, bool) or isinstance(value, bool):
-        return bool(cond) == bool(value) if isinstance(cond, bool) and isinstance(value, bool) else False
-    if isinstance(cond, str) or isinstance(value, str):
-        return str(cond).lower() == str(value).lower()
-    return bool(cond == value)
+        # A file's entries name only these operators; a Hazard made in code with another compares as `above`.
+        return _CONDITION_OPS.get(op, _CONDITION_OPS["above"])(arg, value)
+    return _equals(cond, value)
 
 
 def _lookup(key: str, posture: dict[str, Any], model: dict[str, Any], sampling: dict[str, Any]) -> Any:

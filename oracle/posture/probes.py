@@ -31,7 +31,7 @@ drawn schedule (ids after it), `probe` naming the stratum and side (`fa3_kv_256:
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,42 @@ class _Builder:
                      arrival=1)
 
 
+def _pass_tokens(b: _Builder, spec: ProbeSpec, model_dir: Path) -> None:
+    if spec.at is not None:
+        b.pass_tokens(spec.label, spec.at)
+
+
+def _pass_bytes(b: _Builder, spec: ProbeSpec, model_dir: Path) -> None:
+    """`pass_tokens` at the tokens whose hidden state holds `spec.at` bytes."""
+    if spec.at is None:
+        return
+    per_token = _token_bytes(model_dir, b.config.engine.dtype)
+    if per_token is None:
+        b.cannot(spec.label, "above", "the model's hidden_size is not in config.json")
+    else:
+        b.pass_tokens(spec.label, spec.at // per_token)
+
+
+# How each probe puts its trials in the builder, by name.
+_FORMS: dict[str, Callable[[_Builder, ProbeSpec, Path], None]] = {
+    **{name: lambda b, spec, model_dir: b.fa3(spec.name) for name in NAMED_PROBES if name.startswith("fa3")},
+    "chunk_budget": lambda b, spec, model_dir: b.chunk_budget(),
+    "prefix_block": lambda b, spec, model_dir: b.prefix_block(),
+    "shared_pass": lambda b, spec, model_dir: b.shared_pass(),
+    "pass_tokens": _pass_tokens,
+    "pass_bytes": _pass_bytes,
+}
+
+
+def _unformable(config: Config, spec: ProbeSpec, gqa: Any) -> str | None:
+    """Why `spec` forms no trial on this engine and model (the setting or fact that rules it out), or None."""
+    why = inapplicable(config, spec)
+    if why is None and spec.name == "fa3_packed_query" and not isinstance(gqa, int):
+        # its threshold is a query length x the GQA ratio: unknown ratio, no honest sides
+        return "the model's GQA ratio is not in config.json (num_attention_heads, num_key_value_heads)"
+    return why
+
+
 def make_probes(config: Config, targets: Sequence[Target], model_dir: Path, seed: int, first_id: int,
                 vocab_size: int, specs: Sequence[ProbeSpec] = ()) -> Probes:
     """The probe trials of a run (ids from `first_id`) and the targets they need beyond the run's.
@@ -275,35 +311,16 @@ def make_probes(config: Config, targets: Sequence[Target], model_dir: Path, seed
     chosen = selected(config, specs)
     if not chosen:
         return Probes((), ())
-    facts = model_facts(model_dir)
-    gqa = facts.get("gqa_ratio")
+    gqa = model_facts(model_dir).get("gqa_ratio")
     b = _Builder(config, targets, seed, first_id, vocab_size, gqa if isinstance(gqa, int) else 1,
                  model_context(model_dir))
     for spec in chosen:
-        name = spec.name
-        why = inapplicable(config, spec)
+        why = _unformable(config, spec, gqa)
+        form = _FORMS.get(spec.name)
         if why is not None:
             b.cannot(spec.label, "above", why)
-        elif name == "fa3_packed_query" and not isinstance(gqa, int):
-            # its threshold is a query length x the GQA ratio: unknown ratio, no honest sides
-            b.cannot(name, "above", "the model's GQA ratio is not in config.json (num_attention_heads, "
-                     "num_key_value_heads)")
-        elif name.startswith("fa3"):
-            b.fa3(name)
-        elif name == "chunk_budget":
-            b.chunk_budget()
-        elif name == "prefix_block":
-            b.prefix_block()
-        elif name == "shared_pass":
-            b.shared_pass()
-        elif name == "pass_tokens" and spec.at is not None:
-            b.pass_tokens(spec.label, spec.at)
-        elif name == "pass_bytes" and spec.at is not None:
-            per_token = _token_bytes(model_dir, config.engine.dtype)
-            if per_token is None:
-                b.cannot(spec.label, "above", "the model's hidden_size is not in config.json")
-            else:
-                b.pass_tokens(spec.label, spec.at // per_token)
+        elif form is not None:
+            form(b, spec, model_dir)
     return Probes(tuple(b.new_targets), tuple(b.trials), tuple(b.unformed))
 
 
