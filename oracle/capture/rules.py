@@ -33,6 +33,8 @@ from oracle.capture.rows import Captured, OpCall, OpKey
 from oracle.compare import first_divergence
 from oracle.engines.contract import LocalizedOp, position_ranges
 
+RowsAt = dict[tuple[OpKey, int], tuple[OpCall, int]]  # Captured.rows_at(): (op key, position) -> (call, row)
+
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 STATUSES = ("localized", "kv_state", "after_capture", "inconclusive")
@@ -132,19 +134,25 @@ class _Runs:
         return None
 
     def inputs_equal(self, call: OpCall, positions: Sequence[int]) -> bool | None:
-        verdict: bool | None = True
-        for producer in call.inputs:
-            for pos in positions:
-                a, b = self.expected_at.get((producer, pos)), self.actual_at.get((producer, pos))
-                if a is None or b is None:
-                    verdict = None
-                    continue
-                same = bitwise_equal(a[0].rows[a[1]], b[0].rows[b[1]])
-                if same is False:
-                    return False
-                if same is None:
-                    verdict = None
-        return verdict
+        return inputs_equal_at(self.expected_at, self.actual_at, call, positions)
+
+
+def inputs_equal_at(expected_at: RowsAt, actual_at: RowsAt, call: OpCall, positions: Sequence[int]) -> bool | None:
+    """Whether every input row `call` read at `positions` is bitwise equal in both runs (`*_at`: (producer,
+    position) -> (the producing call, its row)); None where a row is missing or cannot be compared."""
+    verdict: bool | None = True
+    for producer in call.inputs:
+        for pos in positions:
+            a, b = expected_at.get((producer, pos)), actual_at.get((producer, pos))
+            if a is None or b is None:
+                verdict = None
+                continue
+            same = bitwise_equal(a[0].rows[a[1]], b[0].rows[b[1]])
+            if same is False:
+                return False
+            if same is None:
+                verdict = None
+    return verdict
 
 
 def _consumers(calls: Sequence[OpCall]) -> dict[tuple[int, OpKey], list[OpCall]]:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from oracle.capture import Captured, LocalizedOp, RowCapture, localize_captured
-from oracle.capture.rules import Finding, bitwise_equal
+from oracle.capture.rules import Finding, inputs_equal_at
 from oracle.config import EngineConfig
 from oracle.engines.contract import Request, RunSpec, SamplingParams
 from oracle.engines.native.model import Decoder
@@ -162,20 +162,7 @@ def _inputs_equal(exp: Captured, act: Captured, key: Any, forward_pass: int, pos
     call = next((c for c in act.calls if c.key == key and c.forward_pass == forward_pass), None)
     if call is None:
         return None
-    e_at, a_at = exp.rows_at(), act.rows_at()
-    verdict: bool | None = True
-    for producer in call.inputs:
-        for pos in positions:
-            a, b = e_at.get((producer, pos)), a_at.get((producer, pos))
-            if a is None or b is None:
-                verdict = None
-                continue
-            same = bitwise_equal(a[0].rows[a[1]], b[0].rows[b[1]])
-            if same is False:
-                return False
-            if same is None:
-                verdict = None
-    return verdict
+    return inputs_equal_at(exp.rows_at(), act.rows_at(), call, positions)
 
 
 def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
