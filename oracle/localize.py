@@ -74,7 +74,7 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     """
     from oracle.lifecycle.watchdog import LOCALIZE_CALLS, start_engine
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
-    from oracle.prompts import load_targets, vocab_size_of
+    from oracle.prompts import load_targets
     from oracle.replay import find_trial, report_config
     from oracle.report import load_report
 
@@ -82,13 +82,13 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     config = report_config(report, report_path, trusted=trusted)  # a config that loads code needs `trusted`
     trial, recorded = find_trial(report, trial_id)
     mode: Mode = recorded.mode if recorded else "invariant"
-    model_dir = resolve_model(config)
-    plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
-                vocab_size_of(model_dir))
+    model = resolve_model(config)
+    plan = Plan(config, model, tuple(load_targets(config, model)), (trial,), report.seed,
+                model.require_vocab_size())
     if not 0 <= trial.target < len(plan.targets):  # a hand-edited trial: exit 2 naming it, as replay says
         raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
                           f"{len(plan.targets)}")
-    engine = start_engine(config.engine, model_dir, mode)
+    engine = start_engine(config.engine, plan.model_dir, mode)
     try:
         if not can_localize(engine):  # a capability the engine does not declare: not an engine failure
             raise ConfigError(f"localize: engine {config.engine.kind} {CAPTURE_HOW}")

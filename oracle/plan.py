@@ -20,13 +20,14 @@ from oracle.schedule import Trial, filler_tokens
 from oracle.shards.assign import Shard, make_shard
 
 if TYPE_CHECKING:
+    from oracle.models.facts import ModelFacts
     from oracle.posture.hazards import HazardMatch
 
 
 @dataclass(frozen=True)
 class Plan:
     config: Config
-    model_dir: Path
+    model: ModelFacts  # the checkpoint's facts, its config.json read once (oracle.models.facts)
     targets: tuple[Target, ...]
     trials: tuple[Trial, ...]  # the schedule: trial ids 0..N-1
     seed: int
@@ -41,10 +42,14 @@ class Plan:
     hazards: tuple[HazardMatch, ...] = ()
     unformed_probes: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def model_dir(self) -> Path:
+        return self.model.model_dir
 
-def resolve_model(config: Config) -> Path:
-    """The model directory of a run (`preset:NAME`, a checkpoint directory or a hub id), checked against its
-    engine before anything runs; ModelError otherwise.
+
+def resolve_model(config: Config) -> ModelFacts:
+    """The model of a run (`preset:NAME`, a checkpoint directory or a hub id): its directory and its facts,
+    config.json read once here, checked against its engine before anything runs; ModelError otherwise.
 
     A relative directory resolves against the config's folder. Engines that only talk to a server
     (`openai`) need no weights, nor a user's own whose class says `needs_weights = False`; the native engine's architecture is checked
@@ -53,8 +58,7 @@ def resolve_model(config: Config) -> Path:
     """
     from oracle.engines import check_model, check_model_size, needs_weights
     from oracle.models.hub import is_hub_id
-    from oracle.models.resolve import PRESET_PREFIX
-    from oracle.models.resolve import resolve_model as resolve_spec
+    from oracle.models.resolve import PRESET_PREFIX, read_checkpoint
 
     spec = config.model
     if not spec.startswith(PRESET_PREFIX):
@@ -63,11 +67,11 @@ def resolve_model(config: Config) -> Path:
             spec = str(local)
     if config.model_revision is not None and not is_hub_id(spec):
         raise ConfigError(f"model_revision: applies to hub ids (org/name) only, not to {config.model!r}")
-    path = resolve_spec(spec, seed=config.model_seed, revision=config.model_revision,
-                         weights=needs_weights(config.engine))
-    check_model(config.engine, path)
-    check_model_size(config.engine, path)  # the weights alone: absurd dimensions stop here, before any loop
-    return path
+    facts = read_checkpoint(spec, seed=config.model_seed, revision=config.model_revision,
+                            weights=needs_weights(config.engine))
+    check_model(config.engine, facts)
+    check_model_size(config.engine, facts)  # the weights alone: absurd dimensions stop here, before any loop
+    return facts
 
 
 def draw_seed(config: Config, seed: int | None) -> int:
@@ -81,7 +85,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     from oracle.golden import golden_path, read_golden
     from oracle.models.context import check_context
     from oracle.posture.probes import make_probes
-    from oracle.prompts import check_prompts, load_targets, vocab_size_of
+    from oracle.prompts import check_prompts, load_targets
     from oracle.schedule import draw_schedule
 
     seed = draw_seed(config, seed)
@@ -89,36 +93,34 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     check_prompts(config)
     if config.checks.golden.requirement != "off":
         read_golden(golden_path(config))  # type: ignore[arg-type]
-    model_dir = resolve_model(config)
-    targets = tuple(load_targets(config, model_dir))
-    check_context(config, model_dir, targets)
+    model = resolve_model(config)
+    targets = tuple(load_targets(config, model))
+    check_context(config, model, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
-    vocab = vocab_size_of(model_dir)
-    hazards = tuple(declared_hazard_matches(config, model_dir))
+    vocab = model.require_vocab_size()
+    hazards = tuple(declared_hazard_matches(config, model))
     specs = [spec for m in hazards for spec in m.hazard.probes]
-    probes = make_probes(config, targets, model_dir, seed, len(trials), vocab, specs)  # after the drawn trials
+    probes = make_probes(config, targets, model, seed, len(trials), vocab, specs)  # after the drawn trials
     targets, trials = targets + probes.targets, trials + probes.trials
-    check_model_size(config.engine, model_dir, kv_tokens(config, targets, trials))
-    return Plan(config, model_dir, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed)
+    check_model_size(config.engine, model, kv_tokens(config, targets, trials))
+    return Plan(config, model, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed)
 
 
-def hazard_inputs(config: Config, model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def hazard_inputs(config: Config, model: ModelFacts) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a hazard's conditions read besides the posture: the model's facts and the sampling."""
-    from oracle.posture import model_facts
-
     s = config.sampling
-    return model_facts(model_dir), {"temperature": s.temperature, "max_tokens": s.max_tokens}
+    return model.hazard_facts(), {"temperature": s.temperature, "max_tokens": s.max_tokens}
 
 
-def declared_hazard_matches(config: Config, model_dir: Path) -> list[HazardMatch]:
+def declared_hazard_matches(config: Config, model: ModelFacts) -> list[HazardMatch]:
     """The known hazards (shipped and the config's own file) the config's invariant posture matches or may match."""
     from oracle.engines.kinds import declared_posture
     from oracle.posture.hazards import hazards_for, match_hazards
 
     if config.checks.invariance.requirement == "off":
         return []
-    model, sampling = hazard_inputs(config, model_dir)
-    return match_hazards(declared_posture(config.engine, "invariant"), model, sampling, hazards_for(config))
+    facts, sampling = hazard_inputs(config, model)
+    return match_hazards(declared_posture(config.engine, "invariant"), facts, sampling, hazards_for(config))
 
 
 def kv_tokens(config: Config, targets: Sequence[Target], trials: Sequence[Trial]) -> int:

@@ -16,13 +16,15 @@ from typing import Any, BinaryIO
 
 from oracle.config import MAX_TOKENS, Config
 from oracle.errors import ConfigError, ModelError
+from oracle.models.facts import ModelFacts
+from oracle.models.facts import reason as _reason
+from oracle.models.facts import shown as _shown
 
 # A prompts file holds at most this many bytes, lines of at most MAX_LINE_BYTES, and MAX_PROMPTS prompts:
 # beyond them it is a mistake (a wrong file), and reading it would take the runner's memory.
 MAX_PROMPTS_BYTES = 256 << 20
 MAX_LINE_BYTES = 16 << 20
 MAX_PROMPTS = 100_000
-MAX_VOCAB = 1 << 24  # beyond any model's vocabulary (the largest are about 256k)
 
 Encode = Callable[[str, str], tuple[int, ...]]
 
@@ -35,49 +37,30 @@ class Target:
     token_ids: tuple[int, ...]
 
 
-def vocab_size_of(model_dir: Path) -> int:
-    """config.json's `vocab_size`: an integer in [1, MAX_VOCAB], else ModelError naming the file."""
-    path = model_dir / "config.json"
-    from oracle.files import MIB, read_regular
-
-    try:
-        data = json.loads(read_regular(path, 16 * MIB, "model config").decode("utf-8"))
-    except ConfigError as e:  # a FIFO or a device in the model's place, or an absurd size
-        raise ModelError(str(e)) from e
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, an absurd number
-        raise ModelError(f"{path}: cannot read vocab_size ({_reason(e)})") from e
-    if not isinstance(data, dict) or "vocab_size" not in data:
-        raise ModelError(f"{path}: vocab_size: required field missing")
-    vocab = data["vocab_size"]
-    if isinstance(vocab, bool) or not isinstance(vocab, int):
-        raise ModelError(f"{path}: vocab_size: must be an integer (got {_shown(vocab)})")
-    if not 1 <= vocab <= MAX_VOCAB:
-        raise ModelError(f"{path}: vocab_size: must be in [1, {MAX_VOCAB:,}] (got {vocab:,})")
-    return vocab
-
-
 def check_prompts(config: Config) -> None:
     """Fail fast on a missing or oversized prompts file, before any model is made."""
     if config.prompts.file is not None:
         _check_file(config.resolve_path(config.prompts.file))
 
 
-def load_targets(config: Config, model_dir: Path) -> list[Target]:
+def load_targets(config: Config, facts: ModelFacts) -> list[Target]:
+    """The config's prompts as targets: token ids checked against the model's vocabulary, texts encoded with
+    its tokenizer."""
     spec = config.prompts
     if spec.random is not None:
         r = spec.random
         rng = random.Random(r.seed)
-        vocab = vocab_size_of(model_dir)
+        vocab = facts.require_vocab_size()
         return [
             Target(f"random-{i}", tuple(rng.randrange(vocab) for _ in range(rng.randint(r.min_len, r.max_len))))
             for i in range(r.count)
         ]
     if spec.texts is not None:
-        encode = _tokenizer(model_dir, vocab_size_of(model_dir))
+        encode = _tokenizer(facts.model_dir, facts.require_vocab_size())
         return [Target(f"text-{i}", encode(t, f"prompts.texts.{i}")) for i, t in enumerate(spec.texts)]
     if spec.file is None:
         raise ConfigError("prompts: give exactly one of texts, file, random")
-    return _from_jsonl(config.resolve_path(spec.file), model_dir)
+    return _from_jsonl(config.resolve_path(spec.file), facts)
 
 
 def _tokenizer(model_dir: Path, vocab: int) -> Encode:
@@ -161,9 +144,9 @@ def _row_name(row: dict[str, Any], n: int, where: str, names: dict[str, int]) ->
     return name
 
 
-def _from_jsonl(path: Path, model_dir: Path) -> list[Target]:
+def _from_jsonl(path: Path, facts: ModelFacts) -> list[Target]:
     _check_file(path)
-    vocab = vocab_size_of(model_dir)
+    vocab = facts.require_vocab_size()
     encode: Encode | None = None  # the tokenizer, loaded at the first text prompt
     targets: list[Target] = []
     names: dict[str, int] = {}
@@ -178,7 +161,7 @@ def _from_jsonl(path: Path, model_dir: Path) -> list[Target]:
                 if "prompt_token_ids" in row:
                     targets.append(Target(name, _token_ids(row["prompt_token_ids"], vocab, where)))
                 elif isinstance(row.get("prompt"), str):
-                    encode = encode or _tokenizer(model_dir, vocab)
+                    encode = encode or _tokenizer(facts.model_dir, vocab)
                     targets.append(Target(name, encode(row["prompt"], where)))
                 else:
                     raise ConfigError(f"{where}: expected a prompt (string) or prompt_token_ids (list)")
@@ -221,14 +204,3 @@ def _token_ids(ids: Any, vocab: int, where: str) -> tuple[int, ...]:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
             raise ConfigError(f"{where}: {rule} (item {k} is {_shown(i)})")
     return tuple(ids)
-
-
-def _shown(value: Any) -> str:
-    """A value for an error message: its repr, cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _reason(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return (lines[0] if lines else type(e).__name__)[:200]

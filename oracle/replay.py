@@ -88,21 +88,21 @@ def replay(report_path: Path, trial_id: int, mode: Mode | None = None, *, truste
     (`--trust-report`); without it such a config is refused before anything runs."""
     from oracle.execute import fresh
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
-    from oracle.prompts import load_targets, vocab_size_of
+    from oracle.prompts import load_targets
 
     report = load_report(report_path)
     config = report_config(report, report_path, trusted=trusted)
     trial, recorded = find_trial(report, trial_id)
     mode = mode or (recorded.mode if recorded else "invariant")
-    model_dir = resolve_model(config)
-    plan = Plan(config, model_dir, tuple(load_targets(config, model_dir)), (trial,), report.seed,
-                vocab_size_of(model_dir))
+    model = resolve_model(config)
+    plan = Plan(config, model, tuple(load_targets(config, model)), (trial,), report.seed,
+                model.require_vocab_size())
     if not 0 <= trial.target < len(plan.targets):
         raise ConfigError(f"--trial: trial {trial_id} names target {trial.target}, the config has "
                           f"{len(plan.targets)}")
     from oracle.lifecycle.watchdog import start_engine
 
-    engine = start_engine(config.engine, model_dir, mode)  # under the watchdog, as `oracle run` is
+    engine = start_engine(config.engine, plan.model_dir, mode)  # under the watchdog, as `oracle run` is
     try:
         solo = fresh(engine, [solo_request(plan, trial.target)])[0]
         requests, at = trial_requests(plan, trial)

@@ -278,7 +278,7 @@ def match_posture_hazards(plan: Plan, report: Report) -> None:
     invariant = posture["modes"].get("invariant") if isinstance(posture, dict) else None
     if invariant is None:
         return
-    model, sampling = hazard_inputs(plan.config, plan.model_dir)
+    model, sampling = hazard_inputs(plan.config, plan.model)
     report.environment["hazards"] = [m.to_json() for m in match_hazards(invariant, model, sampling,
                                                                         hazards_for(plan.config))]
 

@@ -10,6 +10,7 @@ import path (`module:Class`, `engine.preload`) are `oracle.engines.custom`'s.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oracle.config import EngineConfig
 from oracle.engines.contract import Engine, Mode
@@ -22,6 +23,9 @@ from oracle.engines.custom import (
 )
 from oracle.engines.kinds import kind_of, known_row
 from oracle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oracle.models.facts import ModelFacts
 
 __all__ = ["CUSTOM_ENGINE_FIELDS", "check_engine_config", "check_engine_packages", "check_model", "check_model_size",
            "construct_engine", "custom_class", "custom_engine_kwargs", "import_dirs", "needs_weights"]
@@ -65,22 +69,22 @@ def needs_weights(cfg: EngineConfig) -> bool:
     return kind_of(cfg).runs_weights
 
 
-def check_model(cfg: EngineConfig, model_dir: Path) -> None:
+def check_model(cfg: EngineConfig, facts: ModelFacts) -> None:
     """Before any run: the engine can run the checkpoint's architecture (ModelError otherwise; the native
     engine's architectures are its own)."""
     row = kind_of(cfg)
     if row.check_model is not None:
-        row.check_model(cfg, model_dir)
+        row.check_model(cfg, facts)
 
 
-def check_model_size(cfg: EngineConfig, model_dir: Path, kv_tokens: int = 0,
+def check_model_size(cfg: EngineConfig, facts: ModelFacts, kv_tokens: int = 0,
                      kv_source: str = "schedule.batch_size or sampling.max_tokens") -> None:
     """Before any engine starts: the model's weights and KV cache (a lower bound, `oracle.models.size`) fit
     where the engine puts them (its row's `fits`); ModelError (exit 2), one line naming the field and the
     estimate, otherwise. Engines that do not load the weights here (openai, custom) are not checked."""
     row = kind_of(cfg)
     if row.fits is not None:
-        row.fits(cfg, model_dir, kv_tokens, kv_source)
+        row.fits(cfg, facts, kv_tokens, kv_source)
 
 
 def construct_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> Engine:

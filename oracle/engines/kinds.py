@@ -39,6 +39,7 @@ from oracle.errors import ConfigError
 
 if TYPE_CHECKING:
     from oracle.engines.contract import Engine, Mode
+    from oracle.models.facts import ModelFacts
 
 Builder = Callable[[EngineConfig, Path, "Mode"], "Engine"]
 # A posture filler: (config.engine, mode, the posture record to fill, its env) -> None, filled in place.
@@ -71,7 +72,7 @@ class EngineKind:
 
     `build(cfg, model_dir, mode)` returns the started engine (in this thread, no deadline: the watchdog
     bounds it). `code_options(options)` names the fields of `engine.options` (as a report stores them:
-    plain JSON) that load or run code, dotted below `engine.options`. `fits(cfg, model_dir, kv_tokens,
+    plain JSON) that load or run code, dotted below `engine.options`. `fits(cfg, facts, kv_tokens,
     kv_source)` raises ModelError when the model does not fit where the engine puts it; None: not
     checked here. `instance(cfg, mode, i)` is the config of the mode's i-th separately started engine
     (cross_instance)."""
@@ -88,8 +89,8 @@ class EngineKind:
     shared_server: Callable[[EngineConfig], bool] = _never  # one server serves both modes
     declare_posture: PostureFiller = _declares_nothing
     example: str | None = None  # the shipped config `oracle config init --engine NAME` writes
-    check_model: Callable[[EngineConfig, Path], None] | None = None  # the checkpoint is one it can run
-    fits: Callable[[EngineConfig, Path, int, str], None] | None = None
+    check_model: Callable[[EngineConfig, ModelFacts], None] | None = None  # the checkpoint is one it can run
+    fits: Callable[[EngineConfig, ModelFacts, int, str], None] | None = None
     instance: Callable[[EngineConfig, Mode, int], EngineConfig] = _same_instance
     prefix_cache_hint: str = ""  # added where no warm run hit the prefix cache: how this engine reports hits
     # Packages this config of the engine needs beyond `packages` (a server it starts with this interpreter):
@@ -223,55 +224,51 @@ def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
     return cfg.model_copy(update={"options": {**cfg.options, "base_url": resolved}})
 
 
-def _native_model(cfg: EngineConfig, model_dir: Path) -> None:
+def _native_model(cfg: EngineConfig, facts: ModelFacts) -> None:
     from oracle.engine_options import NativeOptions
-    from oracle.models.architectures import native_architecture, read_config_json
+    from oracle.models.architectures import native_architecture
 
-    native_architecture(model_dir)
+    native_architecture(facts)
     size = cfg.options_as(NativeOptions).tensor_parallel_size
     if size > 1:  # the ranks split heads, kv heads and the intermediate size evenly
-        raw = read_config_json(model_dir)
+        raw = facts.config_json()
         heads = raw.get("num_attention_heads")
         for what, n in (("attention heads", heads), ("kv heads", raw.get("num_key_value_heads", heads)),
                         ("intermediate size", raw.get("intermediate_size"))):
             if isinstance(n, int) and n % size:
                 raise ConfigError(f"engine.options.tensor_parallel_size: tensor_parallel_size {size} does not "
-                                  f"divide the model's {what} ({n}) in {model_dir / 'config.json'}")
+                                  f"divide the model's {what} ({n}) in {facts.path}")
 
 
-def _fits_in_process(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+def _fits_in_process(cfg: EngineConfig, facts: ModelFacts, kv_tokens: int, kv_source: str) -> None:
     """transformers (and native, through `_fits_native`): the model on `engine.device` (RAM or the CUDA
     device's free memory) with `kv_tokens` tokens of KV cache at once."""
     from oracle.models import memory, size
-    from oracle.models.architectures import read_config_json
 
     cuda = cfg.device.startswith("cuda")
     place = memory.cuda_free(cfg.device) if cuda else memory.ram_available()
-    path = model_dir / "config.json"
-    estimate = size.estimate(read_config_json(model_dir), path, cfg.dtype, kv_tokens=kv_tokens)
+    estimate = size.estimate(facts.require_dims(), cfg.dtype, kv_tokens=kv_tokens)
     if estimate is not None and place is not None:
-        size.check_fits(estimate, place.bytes, place.what, path, kv_source)
+        size.check_fits(estimate, place.bytes, place.what, facts.path, kv_source)
 
 
-def _fits_native(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+def _fits_native(cfg: EngineConfig, facts: ModelFacts, kv_tokens: int, kv_source: str) -> None:
     """The native engine with a prefix cache keeps twice the blocks asked for, so cached ones survive."""
-    _fits_in_process(cfg, model_dir, kv_tokens * 2 if cfg.enable_prefix_caching else kv_tokens, kv_source)
+    _fits_in_process(cfg, facts, kv_tokens * 2 if cfg.enable_prefix_caching else kv_tokens, kv_source)
 
 
-def _fits_vllm(cfg: EngineConfig, model_dir: Path, kv_tokens: int, kv_source: str) -> None:
+def _fits_vllm(cfg: EngineConfig, facts: ModelFacts, kv_tokens: int, kv_source: str) -> None:
     """vLLM's worker holds the model on its GPUs (their free memory) or, without one, in RAM beside its
     fixed KV pool (`engine.options.kv_cache_space_gib`)."""
     from oracle.models import memory, size
-    from oracle.models.architectures import read_config_json
 
     gpus = memory.gpus_free()
     places = [m for m in (memory.ram_available(), gpus) if m is not None]
     place = max(places, key=lambda m: m.bytes) if places else None
     pool = 0 if gpus is not None else cfg.options_as(VllmOptions).kv_cache_space_gib << 30
-    path = model_dir / "config.json"
-    estimate = size.estimate(read_config_json(model_dir), path, cfg.dtype, kv_bytes=pool)
+    estimate = size.estimate(facts.require_dims(), cfg.dtype, kv_bytes=pool)
     if estimate is not None and place is not None:
-        size.check_fits(estimate, place.bytes, place.what, path, kv_source)
+        size.check_fits(estimate, place.bytes, place.what, facts.path, kv_source)
 
 
 OPENAI_INSTALL = "pip install 'oracle-determinism[openai]' (or pip install httpx)"

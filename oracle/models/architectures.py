@@ -16,12 +16,13 @@ before a run starts, with a pointer to the engines that run any transformers mod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oracle.errors import ModelError
+
+if TYPE_CHECKING:
+    from oracle.models.facts import ModelFacts
 
 NATIVE_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
@@ -30,19 +31,6 @@ NATIVE_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
 }
 OTHER_ENGINES = "use engine.kind: transformers (any transformers model) or vllm / openai (a vLLM or SGLang server)"
-
-
-def read_config_json(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise ModelError(f"{path}: no config.json; make a model with `oracle model make PRESET DIR`")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise ModelError(f"{path}: not a JSON object")
-    return raw
 
 
 def rope_theta(raw: dict[str, Any]) -> float:
@@ -114,11 +102,11 @@ def native_layout_problem(raw: dict[str, Any]) -> str | None:
     return None
 
 
-def native_architecture(model_dir: Path) -> str:
+def native_architecture(facts: ModelFacts) -> str:
     """The native layout name ("qwen3", "qwen2", "llama", "mistral"); ModelError naming the file otherwise."""
-    raw = read_config_json(model_dir)
+    raw = facts.config_json()
     problem = native_layout_problem(raw)
     if problem is not None:
-        raise ModelError(f"{model_dir / 'config.json'}: {problem}; {OTHER_ENGINES}")
+        raise ModelError(f"{facts.path}: {problem}; {OTHER_ENGINES}")
     archs = raw.get("architectures") or []
     return next(NATIVE_ARCHITECTURES[a] for a in archs if a in NATIVE_ARCHITECTURES)

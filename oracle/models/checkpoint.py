@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oracle.models.facts import ModelFacts
 
 CONFIG_FILE = "config.json"
 # Single-file and sharded safetensors checkpoints; the native engine reads nothing else.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-def checkpoint_problem(path: Path, weights: bool = True) -> str | None:
+def checkpoint_problem(path: Path, weights: bool = True, facts: ModelFacts | None = None) -> str | None:
     """Why `path` is not a loadable checkpoint directory, or None when it is one.
 
-    With `weights=False` a config.json is enough (engines that do not run the model themselves).
+    With `weights=False` a config.json is enough (engines that do not run the model themselves). `facts`:
+    the folder's config.json as already read (oracle.models.facts); else it is read here.
     """
+    from oracle.models.facts import read_model_facts
+
     if not path.exists():
         return "does not exist"
     if not path.is_dir():
         return "is not a directory"
-    config = path / CONFIG_FILE
-    if not config.is_file():
-        return f"has no {CONFIG_FILE}"
-    try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return f"has an unreadable {CONFIG_FILE} ({exc})"
-    if not isinstance(parsed, dict):
-        return f"has a {CONFIG_FILE} that is not a JSON object"
+    problem = (facts or read_model_facts(path)).checkpoint_problem
+    if problem is not None:
+        return problem
     if weights and not any((path / name).is_file() for name in WEIGHT_FILES):
         return f"has no weights ({' or '.join(WEIGHT_FILES)})"
     return None

@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from oracle.config import Config
+    from oracle.models.facts import ModelFacts
     from oracle.prompts import Target
 
-# Keys Hugging Face configs use for the context length, most common first.
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
-
-def model_context(model_dir: Path) -> int | None:
-    """The context length config.json declares, or None when it declares none (or is unreadable)."""
-    try:
-        raw: Any = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(raw, dict):
-        return None
-    for key in CONTEXT_KEYS:
-        value = raw.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def check_context(config: Config, model_dir: Path, targets: Sequence[Target]) -> None:
+def check_context(config: Config, facts: ModelFacts, targets: Sequence[Target]) -> None:
     """Every sequence a run makes (prompt plus generated tokens) fits the model's context.
 
     Raises ConfigError `file:line: field: ...` blaming sampling.max_tokens (or the prompts, when a
     prompt alone is too long) and schedule.filler_len for fillers.
     """
-    context = model_context(model_dir)
+    context = facts.context
     if context is None:
         return
-    where = f"the model's context of {context} tokens (max_position_embeddings in {model_dir / 'config.json'})"
+    where = f"the model's context of {context} tokens (max_position_embeddings in {facts.path})"
     max_tokens = config.sampling.max_tokens
     if targets:
         longest = max(targets, key=lambda t: len(t.token_ids))

@@ -163,11 +163,9 @@ def kv_bytes_per_token(d: ModelDims, dtype: str) -> int:
     return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
-def estimate(raw: dict[str, Any], path: Path, dtype: str, kv_tokens: int = 0,
-             kv_bytes: int | None = None) -> SizeEstimate | None:
-    """Weights and KV cache of the model of config.json `raw` in `dtype`, holding `kv_tokens` tokens of
-    KV cache (or exactly `kv_bytes`, for an engine with a fixed pool); None when it cannot be told."""
-    d = read_dims(raw, path)
+def estimate(d: ModelDims, dtype: str, kv_tokens: int = 0, kv_bytes: int | None = None) -> SizeEstimate | None:
+    """Weights and KV cache of the model of dimensions `d` (`read_dims`) in `dtype`, holding `kv_tokens`
+    tokens of KV cache (or exactly `kv_bytes`, for an engine with a fixed pool); None when it cannot be told."""
     params = weight_params(d)
     if params is None:
         return None

@@ -16,7 +16,6 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 UNKNOWN = "unknown"
@@ -265,32 +264,6 @@ def _vllm_sampler(env: dict[str, str]) -> str:
     if flag == "0":
         return "torch (VLLM_USE_FLASHINFER_SAMPLER=0)"
     return UNKNOWN
-
-
-def model_facts(model_dir: Path) -> dict[str, Any]:
-    """What a hazard's condition may ask of the model: head_dim, heads, KV heads and their ratio (GQA).
-
-    Read as the memory estimate reads config.json (every spelling of a dimension, a multimodal model's
-    `text_config`); a fact config.json does not give is absent, never guessed."""
-    from oracle.models.architectures import read_config_json
-    from oracle.models.size import read_dims
-
-    try:
-        raw = read_config_json(model_dir)
-        dims = read_dims(raw, model_dir / "config.json")
-    except Exception:  # noqa: BLE001 - no config.json is no facts; the run reports the model error itself
-        return {}
-    heads = dims.get("num_attention_heads")
-    kv = dims.get("num_key_value_heads") or heads
-    hidden = dims.get("hidden_size")
-    head_dim = dims.get("head_dim") or (hidden // heads if hidden and heads else None)
-    architectures = raw.get("architectures")
-    facts: dict[str, Any] = {"head_dim": head_dim, "num_attention_heads": heads, "num_key_value_heads": kv,
-                             "architecture": architectures[0] if isinstance(architectures, list) and architectures
-                             else None}
-    if heads and kv:
-        facts["gqa_ratio"] = heads // kv
-    return facts
 
 
 def posture_lines(posture: dict[str, Any]) -> list[str]:

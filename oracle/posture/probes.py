@@ -33,13 +33,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oracle.config import Config
 from oracle.posture.hazards import NAMED_PROBES, ProbeSpec
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
+
+if TYPE_CHECKING:
+    from oracle.models.facts import ModelFacts
 
 PROBES = NAMED_PROBES  # the probes a config may name (schedule.probes)
 # Sides of a probe that are over its threshold: a trial of one of them that ran crossed it.
@@ -263,16 +265,16 @@ class _Builder:
                      arrival=1)
 
 
-def _pass_tokens(b: _Builder, spec: ProbeSpec, model_dir: Path) -> None:
+def _pass_tokens(b: _Builder, spec: ProbeSpec, model: ModelFacts) -> None:
     if spec.at is not None:
         b.pass_tokens(spec.label, spec.at)
 
 
-def _pass_bytes(b: _Builder, spec: ProbeSpec, model_dir: Path) -> None:
+def _pass_bytes(b: _Builder, spec: ProbeSpec, model: ModelFacts) -> None:
     """`pass_tokens` at the tokens whose hidden state holds `spec.at` bytes."""
     if spec.at is None:
         return
-    per_token = _token_bytes(model_dir, b.config.engine.dtype)
+    per_token = _token_bytes(model, b.config.engine.dtype)
     if per_token is None:
         b.cannot(spec.label, "above", "the model's hidden_size is not in config.json")
     else:
@@ -280,60 +282,50 @@ def _pass_bytes(b: _Builder, spec: ProbeSpec, model_dir: Path) -> None:
 
 
 # How each probe puts its trials in the builder, by name.
-_FORMS: dict[str, Callable[[_Builder, ProbeSpec, Path], None]] = {
-    **{name: lambda b, spec, model_dir: b.fa3(spec.name) for name in NAMED_PROBES if name.startswith("fa3")},
-    "chunk_budget": lambda b, spec, model_dir: b.chunk_budget(),
-    "prefix_block": lambda b, spec, model_dir: b.prefix_block(),
-    "shared_pass": lambda b, spec, model_dir: b.shared_pass(),
+_FORMS: dict[str, Callable[[_Builder, ProbeSpec, ModelFacts], None]] = {
+    **{name: lambda b, spec, model: b.fa3(spec.name) for name in NAMED_PROBES if name.startswith("fa3")},
+    "chunk_budget": lambda b, spec, model: b.chunk_budget(),
+    "prefix_block": lambda b, spec, model: b.prefix_block(),
+    "shared_pass": lambda b, spec, model: b.shared_pass(),
     "pass_tokens": _pass_tokens,
     "pass_bytes": _pass_bytes,
 }
 
 
-def _unformable(config: Config, spec: ProbeSpec, gqa: Any) -> str | None:
+def _unformable(config: Config, spec: ProbeSpec, gqa: int | None) -> str | None:
     """Why `spec` forms no trial on this engine and model (the setting or fact that rules it out), or None."""
     why = inapplicable(config, spec)
-    if why is None and spec.name == "fa3_packed_query" and not isinstance(gqa, int):
+    if why is None and spec.name == "fa3_packed_query" and gqa is None:
         # its threshold is a query length x the GQA ratio: unknown ratio, no honest sides
         return "the model's GQA ratio is not in config.json (num_attention_heads, num_key_value_heads)"
     return why
 
 
-def make_probes(config: Config, targets: Sequence[Target], model_dir: Path, seed: int, first_id: int,
+def make_probes(config: Config, targets: Sequence[Target], model: ModelFacts, seed: int, first_id: int,
                 vocab_size: int, specs: Sequence[ProbeSpec] = ()) -> Probes:
     """The probe trials of a run (ids from `first_id`) and the targets they need beyond the run's.
 
     `specs`: the probes of the known hazards the run's posture matches (oracle.posture.hazards); they run
     besides `schedule.probes` unless that says `none`, and one that cannot run on this engine is reported."""
-    from oracle.models.context import model_context
-    from oracle.posture import model_facts
-
     chosen = selected(config, specs)
     if not chosen:
         return Probes((), ())
-    gqa = model_facts(model_dir).get("gqa_ratio")
-    b = _Builder(config, targets, seed, first_id, vocab_size, gqa if isinstance(gqa, int) else 1,
-                 model_context(model_dir))
+    gqa = model.gqa_ratio
+    b = _Builder(config, targets, seed, first_id, vocab_size, gqa if gqa is not None else 1, model.context)
     for spec in chosen:
         why = _unformable(config, spec, gqa)
         form = _FORMS.get(spec.name)
         if why is not None:
             b.cannot(spec.label, "above", why)
         elif form is not None:
-            form(b, spec, model_dir)
+            form(b, spec, model)
     return Probes(tuple(b.new_targets), tuple(b.trials), tuple(b.unformed))
 
 
-def _token_bytes(model_dir: Path, dtype: str) -> int | None:
+def _token_bytes(model: ModelFacts, dtype: str) -> int | None:
     """Bytes of one token's hidden state (hidden_size x the dtype's size): what an all-reduce of a pass moves."""
-    from oracle.models.architectures import read_config_json
-    from oracle.models.size import read_dims
-
-    try:
-        hidden = read_dims(read_config_json(model_dir), model_dir / "config.json").get("hidden_size")
-    except Exception:  # noqa: BLE001 - no config.json: the probe is reported as not formed
-        return None
-    return hidden * _DTYPE_BYTES.get(dtype, 2) if isinstance(hidden, int) and hidden > 0 else None
+    hidden = model.hidden_size
+    return hidden * _DTYPE_BYTES.get(dtype, 2) if hidden is not None else None
 
 
 def crossed(spec: ProbeSpec, trial: Trial, evidence: Sequence[Any]) -> bool:

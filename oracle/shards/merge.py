@@ -336,8 +336,10 @@ def _judge_and_write(shards: _Shards, report: Report, results: dict[Mode, ModeRe
                      views: Sequence[View], t0: float) -> None:
     """Judge the merged results as `oracle run` does (runner.finish) and write the report and its views."""
     r0, s0 = shards.first
-    plan = Plan(shards.config, Path(str(r0.environment.get("model_dir", ""))), s0.targets, s0.shard.schedule,
-                r0.seed, 0)
+    from oracle.models.facts import read_model_facts
+
+    model = read_model_facts(Path(str(r0.environment.get("model_dir", ""))))  # the known hazards read its facts
+    plan = Plan(shards.config, model, s0.targets, s0.shard.schedule, r0.seed, 0)
     t_judge = time.perf_counter()
     finish(plan, results, report)
     report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)

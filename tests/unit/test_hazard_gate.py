@@ -190,6 +190,7 @@ def test_pass_bytes_and_shared_pass_probes_are_built_from_the_model_and_engine(f
     `shared_pass` puts one filler beside the target for its whole decode."""
     import json
 
+    from oracle.models.facts import read_model_facts
     from oracle.posture.hazards import ProbeSpec
     from oracle.posture.probes import make_probes
     from oracle.prompts import Target
@@ -199,7 +200,7 @@ def test_pass_bytes_and_shared_pass_probes_are_built_from_the_model_and_engine(f
     config = parse_config({"model": str(fake_model), "engine": {"kind": "native", "max_num_batched_tokens": 64},
                            "prompts": {"texts": ["x"]}, "sampling": {"max_tokens": 4}})
     targets = [Target("t", (1, 2, 3, 4, 5))]
-    made = make_probes(config, targets, fake_model, 1, 0, 97,
+    made = make_probes(config, targets, read_model_facts(fake_model), 1, 0, 97,
                        [ProbeSpec("pass_bytes", 256 * 40), ProbeSpec("shared_pass"), ProbeSpec("pass_bytes", 256 * 64)])
     demand = {t.probe: 5 + sum(f.length for f in t.fillers) for t in made.trials if t.probe.startswith("pass_bytes")}
     assert demand == {"pass_bytes=10240:below": 40, "pass_bytes=10240:above": 41}

@@ -174,3 +174,34 @@ def test_a_plan_fails_on_its_config_before_any_engine(fake_model: Path, no_engin
 
     with pytest.raises(ConfigError, match="engine.kind"):
         plan_run(_config(fake_model, kind="no_such_module:Engine"))
+
+
+def test_a_plan_reads_the_models_config_json_once(tiny_qwen3: Path, no_engines: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The architecture, size, prompts, context, hazard and probe checks all read the one ModelFacts the plan
+    built: config.json is opened once, whichever way it is opened."""
+    import builtins
+    import io
+    import os
+
+    from oracle.models.presets import PRESETS
+
+    config_json = str(tiny_qwen3 / "config.json")
+    opened: list[str] = []
+
+    def counting(real: Any) -> Any:
+        def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(file, str | os.PathLike) and os.fspath(file) == config_json:
+                opened.append(config_json)
+            return real(file, *args, **kwargs)
+        return open_
+
+    monkeypatch.setattr(os, "open", counting(os.open))
+    monkeypatch.setattr(io, "open", counting(io.open))
+    monkeypatch.setattr(builtins, "open", counting(builtins.open))
+    plan = plan_run(_config(tiny_qwen3, kind="native", probes=["chunk_budget"]))
+    assert opened == [config_json]
+    preset = PRESETS["tiny-qwen3"]
+    assert (plan.model.vocab_size, plan.model.hidden_size, plan.model.num_hidden_layers) == (
+        preset.vocab_size, preset.hidden_size, preset.num_hidden_layers)
+    assert plan.model.architecture == "Qwen3ForCausalLM" and plan.vocab_size == preset.vocab_size

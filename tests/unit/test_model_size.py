@@ -18,6 +18,7 @@ from oracle.config import EngineConfig, parse_config
 from oracle.engines import check_model_size
 from oracle.errors import ModelError
 from oracle.models import PRESETS, make_config_dict, memory
+from oracle.models.facts import read_model_facts
 from oracle.models.layout import tensor_layout
 from oracle.models.memory import Memory
 from oracle.models.size import check_fits, estimate, read_dims, weight_params
@@ -93,17 +94,17 @@ def test_other_spellings_and_a_text_config_are_read(tmp_path: Path) -> None:
     params = weight_params(read_dims(gpt2, tmp_path))
     assert params is not None and 0.9 * 124e6 < params < 124.5e6  # GPT-2 small: 124M (positions not counted)
     nested = {"architectures": ["X"], "text_config": {"vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 10**12}}
-    size = estimate(nested, tmp_path / "config.json", "bfloat16")
+    size = estimate(read_dims(nested, tmp_path / "config.json"), "bfloat16")
     assert size is not None and size.blame == "num_hidden_layers"
 
 
 def test_a_config_without_dimensions_is_not_estimated(tmp_path: Path) -> None:
-    assert estimate({"vocab_size": 97}, tmp_path / "config.json", "float32") is None
+    assert estimate(read_dims({"vocab_size": 97}, tmp_path / "config.json"), "float32") is None
 
 
 def test_the_kv_cache_is_blamed_when_it_is_what_does_not_fit(tmp_path: Path) -> None:
     raw = make_config_dict(PRESETS["tiny-qwen3"])
-    size = estimate(raw, tmp_path / "config.json", "float32", kv_tokens=10**9)
+    size = estimate(read_dims(raw, tmp_path / "config.json"), "float32", kv_tokens=10**9)
     assert size is not None and size.kv_bytes > size.weights_bytes
     with pytest.raises(ModelError, match=r"the KV cache for 1,000,000,000 tokens at once needs .*; lower schedule"):
         check_fits(size, 10**9, "RAM available", tmp_path / "config.json", "schedule.batch_size")
@@ -111,7 +112,8 @@ def test_the_kv_cache_is_blamed_when_it_is_what_does_not_fit(tmp_path: Path) -> 
 
 
 def test_a_sane_model_too_large_for_the_machine_says_so(tmp_path: Path) -> None:
-    size = estimate(make_config_dict(PRESETS["qwen3-8b-shape"]), tmp_path / "config.json", "bfloat16")
+    size = estimate(read_dims(make_config_dict(PRESETS["qwen3-8b-shape"]), tmp_path / "config.json"),
+                    "bfloat16")
     assert size is not None and size.blame == ""
     with pytest.raises(ModelError, match=r"too large for this machine: the weights need at least 16.4 GB in "
                                          r"bfloat16, more than the 8 GB of RAM available"):
@@ -126,19 +128,20 @@ def _memory(monkeypatch: pytest.MonkeyPatch, ram: int | None, cuda: int | None =
 
 def test_each_engine_is_checked_where_it_holds_the_model(tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     weights = 106_816 * 4  # tiny-qwen3 in float32 (the estimate)
+    facts = read_model_facts(tiny_qwen3)
     _memory(monkeypatch, ram=weights - 1, cuda=weights, gpus=weights)
     with pytest.raises(ModelError, match="of RAM available"):
-        check_model_size(EngineConfig(kind="native"), tiny_qwen3)
-    check_model_size(EngineConfig(kind="native", device="cuda:0"), tiny_qwen3)  # the device's memory counts
-    check_model_size(EngineConfig(kind="vllm"), tiny_qwen3)  # vLLM's worker takes the GPU; its pool is there
+        check_model_size(EngineConfig(kind="native"), facts)
+    check_model_size(EngineConfig(kind="native", device="cuda:0"), facts)  # the device's memory counts
+    check_model_size(EngineConfig(kind="vllm"), facts)  # vLLM's worker takes the GPU; its pool is there
     _memory(monkeypatch, ram=weights + (1 << 30) - 1)
     with pytest.raises(ModelError, match=r"\+ 1.07 GB of KV cache"):  # no GPU: vLLM's CPU KV pool is in RAM
-        check_model_size(EngineConfig(kind="vllm"), tiny_qwen3)
+        check_model_size(EngineConfig(kind="vllm"), facts)
     _memory(monkeypatch, ram=1)
-    check_model_size(EngineConfig(kind="openai", options={"base_url": "http://127.0.0.1:1"}), tiny_qwen3)
-    check_model_size(EngineConfig(kind="fake_engine:FakeEngine"), tiny_qwen3)  # not loaded here: not checked
+    check_model_size(EngineConfig(kind="openai", options={"base_url": "http://127.0.0.1:1"}), facts)
+    check_model_size(EngineConfig(kind="fake_engine:FakeEngine"), facts)  # not loaded here: not checked
     _memory(monkeypatch, ram=None)
-    check_model_size(EngineConfig(kind="native"), tiny_qwen3)  # memory unknown: nothing to compare with
+    check_model_size(EngineConfig(kind="native"), facts)  # memory unknown: nothing to compare with
 
 
 def test_the_run_checks_the_kv_cache_of_its_largest_trial(tiny_qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:

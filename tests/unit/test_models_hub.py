@@ -88,11 +88,11 @@ def _config(model: str, **extra: object) -> dict[str, object]:
 
 def test_the_openai_engine_resolves_a_snapshot_without_weights(hub: Path) -> None:
     config = parse_config(_config("acme/no-weights", engine={"kind": "openai", "options": {"base_url": "http://x"}}))
-    assert resolve_for_run(config).name == MAIN
+    assert resolve_for_run(config).model_dir.name == MAIN
 
 
 def test_model_revision_applies_to_hub_ids_only(hub: Path, made: Path) -> None:
-    assert resolve_for_run(parse_config(_config("acme/tiny", model_revision="v1"))).name == TAGGED
+    assert resolve_for_run(parse_config(_config("acme/tiny", model_revision="v1"))).model_dir.name == TAGGED
     with pytest.raises(ConfigError, match="model_revision: applies to hub ids"):
         resolve_for_run(parse_config(_config(str(made), model_revision="v1")))
 

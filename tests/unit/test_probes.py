@@ -125,10 +125,10 @@ def _model_dir(tmp_path: Path, config_json: dict[str, Any]) -> Path:
 
 
 def test_model_facts_read_every_spelling_and_a_multimodal_text_config(tmp_path: Path) -> None:
-    from oracle.posture import model_facts
+    from oracle.models.facts import read_model_facts
 
-    facts = model_facts(_model_dir(tmp_path, {"architectures": ["X"], "text_config": {
-        "n_head": 32, "n_kv_heads": 8, "hidden_size": 4096}}))
+    facts = read_model_facts(_model_dir(tmp_path, {"architectures": ["X"], "text_config": {
+        "n_head": 32, "n_kv_heads": 8, "hidden_size": 4096}})).hazard_facts()
     assert facts == {"head_dim": 128, "num_attention_heads": 32, "num_key_value_heads": 8, "architecture": "X",
                      "gqa_ratio": 4}
 
@@ -136,17 +136,18 @@ def test_model_facts_read_every_spelling_and_a_multimodal_text_config(tmp_path: 
 def test_without_a_known_gqa_ratio_the_packed_query_probe_is_left_out(tmp_path: Path, fake_model: Path) -> None:
     """FA3's packed-query threshold is query length x GQA ratio: with heads unknown no side can be placed
     honestly, so that probe makes no trials (the KV-length probes, well over the limit, still run)."""
-    from oracle.posture import model_facts
+    from oracle.models.facts import read_model_facts
     from oracle.posture.probes import make_probes
     from oracle.prompts import Target
 
-    headless = _model_dir(tmp_path, {"hidden_size": 64, "vocab_size": 128})
-    assert "gqa_ratio" not in model_facts(headless)
+    headless = read_model_facts(_model_dir(tmp_path, {"hidden_size": 64, "vocab_size": 128}))
+    assert "gqa_ratio" not in headless.hazard_facts() and headless.gqa_ratio is None
     config = parse_config(fa3_config(fake_model))
     targets = [Target("t", (1, 2, 3))]
     names = {t.probe.partition(":")[0] for t in make_probes(config, targets, headless, 1, 0, 128).trials}
     assert "fa3_packed_query" not in names and "fa3_kv_128" in names
-    known = {t.probe.partition(":")[0] for t in make_probes(config, targets, fake_model, 1, 0, 128).trials}
+    known = {t.probe.partition(":")[0] for t in make_probes(config, targets, read_model_facts(fake_model), 1, 0,
+                                                                   128).trials}
     assert "fa3_packed_query" in known
 
 

@@ -9,7 +9,8 @@ import torch
 
 from oracle.engines.native.model import Decoder, ModelConfig
 from oracle.errors import ModelError
-from oracle.models.architectures import native_architecture, read_config_json, rope_theta
+from oracle.models.architectures import native_architecture, rope_theta
+from oracle.models.facts import read_model_facts
 from oracle.models.safetensors_file import FLOAT_DTYPES, read_header
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -17,9 +18,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def read_model_config(model_dir: Path) -> ModelConfig:
     """Parse `model_dir/config.json`; raises ModelError naming the file when it is missing or unsupported."""
-    arch = native_architecture(model_dir)
-    raw = read_config_json(model_dir)
-    path = model_dir / "config.json"
+    facts = read_model_facts(model_dir)
+    arch = native_architecture(facts)
+    raw = facts.config_json()
+    path = facts.path
 
     def positive(key: str, default: int | None = None) -> int:
         value = raw.get(key, default)
