@@ -195,7 +195,7 @@ def _run(args: argparse.Namespace) -> int:
         with RunGuard(config, report_dir, args.seed, blame=blame) as guard:
             argv = [*sys.argv[1:], "--seed", str(guard.seed)] if args.argv is None else [*args.argv, "--seed",
                                                                                           str(guard.seed)]
-            return supervise.run_child(argv, guard.report, report_dir)
+            return supervise.run_child(argv, guard.report, report_dir, config)
     # The child adopts the started report its parent wrote: one write per state, one writer for the run.
     child = supervise.is_child()
     with RunGuard(config, report_dir, args.seed, blame=blame, announce=not child, adopt=child) as guard:
@@ -239,11 +239,13 @@ def _checked_config(args: argparse.Namespace) -> Config:
     """`oracle run`'s config with the command line's settings, its engine's packages and device checked; on
     a failure, an earlier run's report in the folder this run would write is replaced (it must not outlive it)."""
     from oracle.config import load_config
+    from oracle.lifecycle import supervise
     from oracle.lifecycle.run_guard import replace_stale_report
 
     overrides, flags = _overrides(args)
     try:
-        config = load_config(args.config, overrides or None, flags=flags or None)
+        # The run's child runs the config its parent resolved (sent through a pipe), parsed once.
+        config = supervise.inherited_config() or load_config(args.config, overrides or None, flags=flags or None)
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched

@@ -553,6 +553,24 @@ def _check_yaml_graph(root: yaml.Node, source: str) -> None:
     size(root, [])
 
 
+def config_handoff(config: Config) -> bytes:
+    """The resolved config as JSON for another process (`oracle run`'s child): its values, overrides applied,
+    and where they came from (file, text, flags), so that errors found there still name file:line or the flag.
+    Secrets included: it travels through a pipe, never a file."""
+    return json.dumps({"data": config.model_dump(mode="json"), "source": config._source, "text": config._text,
+                       "flags": config._flags}).encode()
+
+
+def config_from_handoff(blob: bytes) -> Config:
+    """The config `config_handoff` wrote, validated again with the config's models (no YAML, no overrides)."""
+    try:
+        sent = json.loads(blob)
+        data, source, text, flags = sent["data"], sent["source"], sent["text"], sent["flags"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError("the run's parent process passed no config (it ended before sending it)") from e
+    return parse_config(data, source=source, text=text, flags=flags)
+
+
 def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None,
                  flags: dict[str, str] | None = None) -> Config:
     _check_strings(data, source, text)

@@ -26,10 +26,14 @@ from typing import TYPE_CHECKING, NoReturn
 from oracle.lifecycle.tether import die_with, python
 
 if TYPE_CHECKING:  # the report and its views are imported where used: every `oracle` command imports this module
+    from oracle.config import Config
     from oracle.report import Report
 
 # Set in the child's environment: the file descriptor of the pipe whose other end the parent holds.
 PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
+# Set in the child's environment: the file descriptor of a pipe the parent writes the config it resolved to
+# (oracle.config.config_handoff), so the child runs that config, parsed once, whatever the file holds by then.
+CONFIG_FD_ENV = "ORACLE_RUN_CONFIG_FD"
 
 
 _watching: list[int] = []
@@ -47,6 +51,32 @@ def watch_parent() -> None:
     fd = int(os.environ.pop(PARENT_FD_ENV))
     _watching.append(fd)
     die_with(fd, "oracle-parent-watch")
+
+
+def inherited_config() -> Config | None:
+    """In the child: the config the parent resolved, read from its pipe; None in any other process.
+
+    The variable is taken out of the environment, so processes the child starts do not inherit it."""
+    fd = os.environ.pop(CONFIG_FD_ENV, None)
+    if fd is None:
+        return None
+    from oracle.config import config_from_handoff
+
+    with os.fdopen(int(fd), "rb") as pipe:
+        blob = pipe.read()
+    return config_from_handoff(blob)
+
+
+def _send(fd: int, blob: bytes) -> None:
+    """Write `blob` to the child's config pipe and close it; a child that is gone no longer needs it."""
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        pass  # the child ended before reading it: its report, or its absence, says how
+    finally:
+        os.close(fd)
 
 
 def exit_child(code: int) -> NoReturn:
@@ -84,14 +114,18 @@ def _final(path: Path) -> Report | None:
     return None
 
 
-def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
+def run_child(argv: list[str], started: Report, report_dir: Path, config: Config) -> int:
     """Run `oracle ARGV` in a child (its own process group, tethered to us); the exit code its report gives.
 
     `started` is the report the parent wrote before starting the child; it is rewritten with how the
-    child ended when the child wrote no final report.
+    child ended when the child wrote no final report. `config` is the config the parent resolved: the child
+    reads it from a pipe (`inherited_config`) rather than the file again.
     """
+    from oracle.config import config_handoff
+
     read_end, write_end = os.pipe()
-    env = {**os.environ, PARENT_FD_ENV: str(read_end)}
+    config_read, config_write = os.pipe()
+    env = {**os.environ, PARENT_FD_ENV: str(read_end), CONFIG_FD_ENV: str(config_read)}
     signalled: list[int] = []
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -106,10 +140,15 @@ def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
     try:
         # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
         # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
-        proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env, pass_fds=(read_end,),
+        proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env, pass_fds=(read_end, config_read),
                                 preexec_fn=os.setpgrp)
         procs.append(proc)
         os.close(read_end)
+        os.close(config_read)
+        config_read = -1
+        # After the start (a config larger than the pipe's buffer is read as it is written), on this thread.
+        config_write, sending = -1, config_write
+        _send(sending, config_handoff(config))
         if signalled:  # arrived between the handler and the child's start
             proc.send_signal(signalled[0])
         returncode = proc.wait()
@@ -121,6 +160,9 @@ def run_child(argv: list[str], started: Report, report_dir: Path) -> int:
             signal.signal(s, h)
         with contextlib.suppress(OSError):
             os.close(write_end)
+        for fd in (config_read, config_write):  # -1 once closed: a closed number may be another file's by now
+            if fd >= 0:
+                os.close(fd)
 
 
 def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[int]) -> int:

@@ -255,3 +255,30 @@ def test_the_run_child_does_not_put_the_working_directory_first(tmp_path: Path) 
     done = subprocess.run([script, "run", str(config), "--trials", "2", "--report-dir", str(tmp_path / "r")],
                           cwd=checkout, env={**os.environ, "CI": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_child_runs_the_config_its_parent_read_even_once_the_file_is_gone(fake_model: Path,
+                                                                            tmp_path: Path) -> None:
+    """The parent resolves the config (file and --trials) once and hands it to the child through a pipe: the
+    file deleted between the two, the child still runs the parent's config, and the report's digest is the
+    parent's."""
+    from oracle.config import load_config
+
+    config = _config(tmp_path, fake_model)
+    parent = load_config(config, {"schedule.trials": 3}, flags={"schedule.trials": "--trials"})
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys\nfrom pathlib import Path\nfrom oracle import cli\nfrom oracle.lifecycle import supervise\n"
+        "real = supervise.run_child\n\n"
+        "def run_child(*args, **kwargs):\n"
+        "    Path(sys.argv[1]).unlink()  # read by the parent; the child must not need it\n"
+        "    return real(*args, **kwargs)\n\n"
+        "supervise.run_child = run_child\n"
+        "sys.exit(cli.main(['run', sys.argv[1], '--trials', '3'], supervise=True))\n")
+    done = subprocess.run([sys.executable, str(driver), str(config)], env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not config.exists()
+    report = _report(tmp_path)
+    assert report["complete"] is True and report["config_digest"] == parent.digest()
+    assert report["config"]["schedule"]["trials"] == 3 and report["environment"]["trials"] == 3
