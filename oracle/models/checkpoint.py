@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from oracle.models.facts import ModelFacts
+from oracle.models.facts import ModelFacts, read_model_facts
 
-CONFIG_FILE = "config.json"
 # Single-file and sharded safetensors checkpoints; the native engine reads nothing else.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -19,8 +16,6 @@ def checkpoint_problem(path: Path, weights: bool = True, facts: ModelFacts | Non
     With `weights=False` a config.json is enough (engines that do not run the model themselves). `facts`:
     the folder's config.json as already read (oracle.models.facts); else it is read here.
     """
-    from oracle.models.facts import read_model_facts
-
     if not path.exists():
         return "does not exist"
     if not path.is_dir():

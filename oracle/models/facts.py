@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from oracle.errors import ConfigError, ModelError
-from oracle.models.checkpoint import CONFIG_FILE
 from oracle.models.size import ModelDims, read_dims
 
+CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 16 << 20  # beyond any model's config.json: a wrong file
 MAX_VOCAB = 1 << 24  # beyond any model's vocabulary (the largest are about 256k)
 # Keys Hugging Face configs use for the context length, most common first.

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from oracle.errors import ModelError
-from oracle.models.checkpoint import CONFIG_FILE, checkpoint_problem
+from oracle.models.checkpoint import checkpoint_problem
+from oracle.models.facts import CONFIG_FILE
 
 if TYPE_CHECKING:
     from oracle.models.facts import ModelFacts

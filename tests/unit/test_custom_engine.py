@@ -166,7 +166,7 @@ def test_a_hub_id_is_fetched_with_weights_for_a_custom_engine(tmp_path: Path, mo
         asked.update(spec=spec, **kw)
         raise ConfigError("stop here")
 
-    monkeypatch.setattr(resolve, "resolve_model", fake_resolve)
+    monkeypatch.setattr(resolve, "read_checkpoint", fake_resolve)
     (tmp_path / "fields_engine_hub.py").write_text(FIELDS_ENGINE.format(weights=True))
     config = parse_config({"model": "Org/Model", "engine": {"kind": "fields_engine_hub:FieldsEngine"},
                            "prompts": {"random": {"count": 1}}, "base_dir": str(tmp_path)})
