@@ -523,24 +523,11 @@ class ModeExecution:
         # The schedule's first trials, also in a shard (whose `trials` are its slice), as unsharded.
         schedule = plan.shard.schedule if plan.shard is not None else plan.trials
         n = min(plan.config.checks.cross_instance.trials, len(schedule))
-        self.observer.phase(f"{self.mode} (second instance)", len(plan.targets) + n)
-        engine = self.build_second(self.mode)
-        solo: dict[int, Completion] = {}
-        trials: dict[int, Completion] = {}
-        describe: dict[str, Any] = {}
-        try:
-            describe = engine.describe()
-            for i in range(len(plan.targets)):
-                solo[i] = keep_rows(fresh(engine, [solo_request(plan, i)])[0])
-                self.observer.advance(0)
-            for trial in schedule[:n]:
-                requests, at = trial_requests(plan, trial)
-                trials[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
-                self.observer.advance(0)
-        finally:
-            self.instance = InstanceRun(describe, MappingProxyType(solo), MappingProxyType(trials))
-            engine.close()
-            self.observer.done()
+
+        def keep(run: InstanceRun) -> None:
+            self.instance = run
+
+        self._run_again(f"{self.mode} (second instance)", lambda: self.build_second(self.mode), schedule[:n], keep)
 
     def _tp_parity(self) -> None:
         """Start invariant mode's engine again at the tp_parity check's size and run every reference on it."""
@@ -550,17 +537,34 @@ class ModeExecution:
         if note is not None:
             self.tp_parity = InstanceRun(note=note)
             return
-        self.observer.phase(f"{self.mode} (tensor_parallel_size {size})", len(plan.targets))
+
+        def keep(run: InstanceRun) -> None:
+            self.tp_parity = replace(run, engine={**run.engine, "tensor_parallel_size": size})
+
+        self._run_again(f"{self.mode} (tensor_parallel_size {size})",
+                        lambda: start_engine(parity_config(cfg, size), plan.model_dir, self.mode), (), keep)
+
+    def _run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
+                   keep: Callable[[InstanceRun], None]) -> None:
+        """Another engine of this mode, started after the run's own closed: every reference and `trials` on it,
+        from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed)."""
+        plan = self.plan
+        self.observer.phase(label, len(plan.targets) + len(trials))
+        engine = build()
         solo: dict[int, Completion] = {}
+        ran: dict[int, Completion] = {}
         describe: dict[str, Any] = {}
-        engine = start_engine(parity_config(cfg, size), plan.model_dir, self.mode)
         try:
-            describe = {**engine.describe(), "tensor_parallel_size": size}
+            describe = dict(engine.describe())
             for i in range(len(plan.targets)):
                 solo[i] = keep_rows(fresh(engine, [solo_request(plan, i)])[0])
                 self.observer.advance(0)
+            for trial in trials:
+                requests, at = trial_requests(plan, trial)
+                ran[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
+                self.observer.advance(0)
         finally:
-            self.tp_parity = InstanceRun(describe, MappingProxyType(solo))
+            keep(InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
             engine.close()
             self.observer.done()
 
