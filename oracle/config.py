@@ -587,7 +587,7 @@ def _validation_error(e: ValidationError, source: str, text: str | None, flags: 
     """The first problem, blamed on the flag that set its field, else on the file and line."""
     err = e.errors()[0]
     field = ".".join(str(x) for x in err["loc"]) or "<root>"
-    msg = _error_text(err)
+    msg = error_text(err)
     # The flag whose field is the error's, below it (a wrong value inside it) or above it (`--set foo.bar=1`:
     # the section `foo` is unknown).
     flag = next(((f, dotted) for dotted, f in flags.items()
@@ -610,8 +610,8 @@ def _shown_input(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _error_text(err: Any) -> str:
-    """A pydantic error's message as the config's errors word it."""
+def error_text(err: Any) -> str:
+    """A pydantic error's message as the config's errors (and a hazards file's) word it."""
     if err["type"] == "extra_forbidden":
         return "unknown field"
     if err["type"] == "missing":
@@ -624,7 +624,7 @@ def _validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:
     err = e.errors()[0]
     field = ".".join([*under, *(str(x) for x in err["loc"])])
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{field}: {_error_text(err)}{more}"
+    return f"{field}: {error_text(err)}{more}"
 
 
 def _check_strings(data: Any, source: str, text: str | None) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from oracle.config import error_text
 from oracle.errors import ConfigError
 from oracle.posture import UNKNOWN
 
@@ -207,16 +208,7 @@ def _entry(e: Any, source: str, name: str) -> HazardEntry:
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(x) for x in first["loc"]) or "<entry>"
-        raise ConfigError(f"{source}: {name}: {field}: {_problem(first)}") from err
-
-
-def _problem(error: Any) -> str:
-    """A validation error's message, as the file's author reads it."""
-    if error["type"] == "extra_forbidden":
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field missing"
-    return str(error["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{source}: {name}: {field}: {error_text(first)}") from err
 
 
 def load_user_hazards(path: Path) -> tuple[Hazard, ...]:
