@@ -13,7 +13,6 @@ shrinker runs is a trial of this run (origin `shrink`) and lands in the report w
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from oracle.compare import Divergence, first_divergence, row_digest, step_of
+from oracle.compare import Divergence, first_divergence, row_digest
 from oracle.engines.contract import (
     CAPTURE_HOW,
     Completion,
@@ -31,34 +30,19 @@ from oracle.engines.contract import (
     Request,
     ResetsPrefixCache,
     RunSpec,
-    SamplingParams,
     capabilities,
     output_problem,
     request_problem,
     run_generate,
 )
 from oracle.errors import ConfigError, EngineError, OracleError, engine_error
-from oracle.lifecycle.watchdog import GuardedEngine, start_engine
+from oracle.lifecycle.watchdog import GuardedEngine
 from oracle.observer import Observer
-from oracle.plan import Plan, phase_of, solo_request, target_sampling, trial_requests
+from oracle.plan import Plan, phase_of, solo_request, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
 from oracle.timings import PhaseClock
-from oracle.tp_parity import parity_config, same_size_note
-
-
-@dataclass(frozen=True)
-class SampledRound:
-    """One sampling variant of the seeded_sampling check: each request (a target under its own seed, two
-    seeds per target) run alone and in every batch layout. `batches[b][j]` is request j's completion in
-    layout b (all requests together, in order, then in reverse order)."""
-
-    variant: int
-    targets: tuple[int, ...]  # per request: the target it samples
-    seeds: tuple[int, ...]  # per request: its seed (all distinct)
-    solo: tuple[Completion, ...]
-    batches: tuple[tuple[Completion, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -73,6 +57,26 @@ class InstanceRun:
 
 
 @dataclass(frozen=True)
+class CheckRun:
+    """What a check runs of its own in a mode's execution, beside the schedule's trials; its row in
+    `oracle.judge.CHECKS` names it, and the execution runs it when the check is on.
+
+    `run(execution)` keeps what it ran in `execution.checks[name]` as it goes (an engine that dies part
+    way leaves what completed), of type `data`: a shard's results write and read it by that type
+    (oracle.shards.results). `wanted(execution)`: whether it runs in this mode (and shard). On the mode's
+    engine once its trials are done, or with `after_close` once that engine has closed (a check that
+    starts engines of its own), timed as `phase` (its name when empty). `units`: the progress steps it
+    adds to the mode's (0: it shows none)."""
+
+    data: Any
+    run: Callable[[ModeExecution], None]
+    wanted: Callable[[ModeExecution], bool]
+    after_close: bool = False
+    phase: str = ""
+    units: Callable[[ModeExecution], int] = lambda execution: 0
+
+
+@dataclass(frozen=True)
 class ModeResult:
     """Everything one mode produced, target outputs only. Read-only once the mode has run."""
 
@@ -81,9 +85,6 @@ class ModeResult:
     solo: Mapping[int, Completion] = field(default_factory=dict)  # target -> its solo run
     trials: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the target's outputs
     repeats: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the same trial again
-    prefill: Mapping[tuple[int, int], Completion] = field(default_factory=dict)  # (target, step) -> re-prefilled
-    prefix: Mapping[int, tuple[Completion, Completion]] = field(default_factory=dict)  # target -> (cold, warm)
-    prefix_note: str = ""
     shrink: ShrinkResult | None = None
     shrink_trials: tuple[Trial, ...] = ()  # candidates the shrinker ran (ids after the schedule's)
     # trial id, ("prefill", target, step) or ("prefix", target) -> LocalizedOp, or a note why not
@@ -93,10 +94,8 @@ class ModeResult:
     search: SearchOutcome | None = None  # the guided search (schedule.search), invariant mode
     search_trials: tuple[Trial, ...] = ()  # its trials (ids after the schedule's and the replayed ones)
     timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds (oracle.timings)
-    sampled: tuple[SampledRound, ...] = ()  # the seeded_sampling check's runs (invariant mode)
-    sampling_note: str = ""  # why it did not run
-    instance: InstanceRun | None = None  # the cross_instance check's second engine (its mode only)
-    tp_parity: InstanceRun | None = None  # invariant mode at the tp_parity check's size (oracle.tp_parity)
+    # check name -> what the check's own runs gave (its row's `CheckRun`: prefill_decode, prefix_cache, ...)
+    checks: Mapping[str, Any] = field(default_factory=dict)
 
 
 def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
@@ -187,22 +186,19 @@ class ModeExecution:
     """Runs one mode; what completed is kept, so an engine failure or a signal still leaves results."""
 
     def __init__(self, plan: Plan, mode: Mode, observer: Observer, build: Callable[[Mode], Engine],
-                 localizer: Localizer | None = None, build_second: Callable[[Mode], Engine] | None = None) -> None:
+                 localizer: Localizer | None = None, build_second: Callable[[Mode], Engine] | None = None, *,
+                 check_runs: Mapping[str, CheckRun]) -> None:
+        """`check_runs`: the enabled checks' own runs by check name (`oracle.judge.check_runs`), in order."""
         self.plan, self.mode, self.observer, self.build, self.localizer = plan, mode, observer, build, localizer
         # The cross_instance check's second engine of this mode (the same builder when not given).
         self.build_second = build_second or build
-        self.sampled: list[SampledRound] = []
-        self.sampling_note = ""
-        self.instance: InstanceRun | None = None
-        self.tp_parity: InstanceRun | None = None
+        self.check_runs = {name: r for name, r in check_runs.items() if r.wanted(self)}
+        self.checks: dict[str, Any] = {}
         self.engine: Engine | None = None
         self.describe: dict[str, Any] = {}
         self.solo: dict[int, Completion] = {}
         self.trials: dict[int, Completion] = {}
         self.repeats: dict[int, Completion] = {}
-        self.prefill: dict[tuple[int, int], Completion] = {}
-        self.prefix: dict[int, tuple[Completion, Completion]] = {}
-        self.prefix_note = ""
         self.shrink: ShrinkResult | None = None
         self.shrink_trials: list[Trial] = []
         self.localized: dict[Any, Any] = {}
@@ -217,11 +213,9 @@ class ModeExecution:
         ro = MappingProxyType
         return ModeResult(
             self.mode, ro(dict(self.describe)), ro(dict(self.solo)), ro(dict(self.trials)), ro(dict(self.repeats)),
-            ro(dict(self.prefill)), ro(dict(self.prefix)), self.prefix_note, self.shrink, tuple(self.shrink_trials),
-            ro(dict(self.localized)), tuple(self.localize_notes), self.seconds,
-            search=self.search, search_trials=tuple(self.search_trials), timings=ro(dict(self.clock.seconds)),
-            sampled=tuple(self.sampled), sampling_note=self.sampling_note, instance=self.instance,
-            tp_parity=self.tp_parity,
+            self.shrink, tuple(self.shrink_trials), ro(dict(self.localized)), tuple(self.localize_notes),
+            self.seconds, search=self.search, search_trials=tuple(self.search_trials),
+            timings=ro(dict(self.clock.seconds)), checks=ro(dict(self.checks)),
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -261,7 +255,7 @@ class ModeExecution:
         self.trials[trial.trial_id] = keep_rows(first, (d_solo, d_rep))
 
     @property
-    def _per_target(self) -> bool:
+    def per_target(self) -> bool:
         """A shard other than 0 leaves the per-target checks to shard 0; shards leave shrinking to the merge."""
         return self.plan.shard is None or self.plan.shard.runs_per_target_checks
 
@@ -270,28 +264,20 @@ class ModeExecution:
         """Invariant mode with invariance on: it replays the example database, searches and shrinks."""
         return self.mode == "invariant" and self.plan.config.checks.invariance.requirement != "off"
 
-    def _n_prefill(self) -> int:
-        """How many re-prefilled steps prefill_decode runs in this mode (0: none)."""
-        check = self.plan.config.checks.prefill_decode
-        if self.mode != "invariant" or check.requirement == "off" or not self._per_target:
-            return 0
-        return len(self.plan.targets) * check.steps
-
     def run(self) -> None:
         plan = self.plan
-        checks = plan.config.checks
         to_repeat = repeated_trials(plan)
-        n_prefill = self._n_prefill()
+        units = sum(r.units(self) for r in self.check_runs.values() if not r.after_close)
         replayed = plan.replayed if self._judges_invariance else ()  # failing trials of earlier runs, first
         self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + len(to_repeat)
-                            + n_prefill)
+                            + units)
         t0 = time.perf_counter()
         clock = self.clock.phase
         with clock("engine_start"):
             self.engine = self.build(self.mode)  # once per run and mode; trials reset its prefix cache (fresh)
             self.describe = self.engine.describe()
         try:
-            self._run_phases(replayed, to_repeat, n_prefill)
+            self._run_phases(replayed, to_repeat)
         finally:
             # Again at the end: what an engine learns while running (which products took which path).
             with contextlib.suppress(Exception):  # an engine that died keeps its first description
@@ -300,15 +286,12 @@ class ModeExecution:
                 self.engine.close()
             self.seconds = time.perf_counter() - t0
             self.observer.done()
-        second = checks.cross_instance
-        if second.requirement != "off" and second.mode == self.mode and self._per_target:
-            with clock("second_instance"):
-                self._second_instance()
-        if self.mode == "invariant" and checks.tp_parity.requirement != "off" and self._per_target:
-            with clock("tp_parity"):
-                self._tp_parity()
+        for name, own in self.check_runs.items():  # the checks that start engines of their own
+            if own.after_close:
+                with clock(own.phase or name):
+                    own.run(self)
 
-    def _run_phases(self, replayed: Sequence[Trial], to_repeat: Sequence[Trial], n_prefill: int) -> None:
+    def _run_phases(self, replayed: Sequence[Trial], to_repeat: Sequence[Trial]) -> None:
         """Everything run on the started engine, in order, each phase timed."""
         clock = self.clock.phase
         with clock("references"):
@@ -323,8 +306,10 @@ class ModeExecution:
                 self.run_repeat(trial)
                 self.observer.advance(self.divergent)
         self._localize_failures()
-        with clock("checks"):
-            self._per_target_checks(n_prefill)
+        with clock("checks"):  # the checks that run targets again on this engine
+            for own in self.check_runs.values():
+                if not own.after_close:
+                    own.run(self)
 
     def _references(self) -> None:
         """Every target alone: the solo run each trial is compared with."""
@@ -356,18 +341,6 @@ class ModeExecution:
         else:  # the merge localizes invariance only: the map says why its trials name no op
             self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
                                        "`oracle localize REPORT --trial N`)")
-
-    def _per_target_checks(self, n_prefill: int) -> None:
-        """The checks that rerun targets on their own: prefill_decode, prefix_cache, seeded_sampling."""
-        checks = self.plan.config.checks
-        if n_prefill:
-            self._prefill_decode(checks.prefill_decode.steps)
-        if self.mode != "invariant" or not self._per_target:
-            return
-        if checks.prefix_cache.requirement != "off":
-            self._prefix_cache()
-        if checks.seeded_sampling.requirement != "off":
-            self._seeded_sampling()
 
     def _failing(self) -> list[Trial]:
         """Failing trials in the order they ran: replayed from the example database, schedule, search."""
@@ -440,7 +413,7 @@ class ModeExecution:
             chosen = [self.shrink.smallest, *chosen]  # the smallest first: its repro/ is the one to hand over
         for trial in chosen:
             requests, at = trial_requests(self.plan, trial)
-            self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
+            self.localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
                            RunSpec(tuple(requests), at, trial.max_num_batched_tokens))
 
     def localize_drift(self) -> None:
@@ -450,10 +423,10 @@ class ModeExecution:
         failing = self._failing()
         for trial in failing if setting == "all" else failing[:1]:
             requests, at = trial_requests(self.plan, trial)
-            self._localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
+            self.localize(trial.trial_id, RunSpec((solo_request(self.plan, trial.target),), 0),
                            RunSpec(tuple(requests), at, trial.max_num_batched_tokens), setting)
 
-    def _localize(self, key: Any, expected: RunSpec, actual: RunSpec, setting: str | None = None) -> None:
+    def localize(self, key: Any, expected: RunSpec, actual: RunSpec, setting: str | None = None) -> None:
         """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict.
         `setting`: the localize option that asked (invariance's unless given)."""
         setting = setting or self.plan.config.checks.invariance.localize
@@ -476,75 +449,7 @@ class ModeExecution:
         finally:
             self.observer.done()
 
-    def _prefix_cache(self) -> None:
-        """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
-        engine = self.engine
-        assert engine is not None
-        if not (capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache)
-                and self.describe.get("enable_prefix_caching")):
-            self.prefix_note = "the engine runs without prefix caching (engine.enable_prefix_caching)"
-            return
-        for t in range(len(self.plan.targets)):
-            engine.reset_prefix_cache()
-            req = solo_request(self.plan, t, "prefix")
-            cold = generate(engine, [req])[0]
-            warm = generate(engine, [req])[0]
-            self.prefix[t] = (cold, warm)
-        bad = [t for t, (cold, warm) in self.prefix.items() if first_divergence(cold, warm) is not None]
-        for t in bad[:1]:
-            req = solo_request(self.plan, t, "prefix")
-            self._localize(("prefix", t), RunSpec((req,), 0), RunSpec((req,), 0, warm_with=(req,)))
-
-    def _seeded_sampling(self) -> None:
-        """Per sampling variant: the first targets under two distinct seeds each, every request alone, then all
-        together in order and in reverse order. Seeds are drawn from the run's seed."""
-        assert self.engine is not None
-        plan = self.plan
-        cfg = plan.config.checks.seeded_sampling
-        rng = random.Random(f"seeded_sampling/{plan.seed}")
-        targets = tuple(t for t in range(min(cfg.targets, len(plan.targets))) for _ in (0, 1))
-        for v, var in enumerate(cfg.variants):
-            seeds = _distinct_seeds(rng, len(targets))
-            reqs = _sampled_requests(plan, v, var, targets, seeds)
-            try:
-                solo = [fresh(self.engine, [r])[0] for r in reqs]
-            except ConfigError as e:  # an engine that only decodes greedily says so
-                self.sampling_note = f"the {self.describe.get('engine', 'engine')} engine does not sample: {e}"
-                return
-            forward = fresh(self.engine, reqs)
-            backward = fresh(self.engine, reqs[::-1])[::-1]
-            self.sampled.append(SampledRound(
-                v, targets, tuple(seeds), tuple(keep_rows(c) for c in solo),
-                (tuple(keep_rows(c) for c in forward), tuple(keep_rows(c) for c in backward))))
-
-    def _second_instance(self) -> None:
-        """Start the mode's engine again, separately, and run every reference and the first trials on it."""
-        plan = self.plan
-        # The schedule's first trials, also in a shard (whose `trials` are its slice), as unsharded.
-        schedule = plan.shard.schedule if plan.shard is not None else plan.trials
-        n = min(plan.config.checks.cross_instance.trials, len(schedule))
-
-        def keep(run: InstanceRun) -> None:
-            self.instance = run
-
-        self._run_again(f"{self.mode} (second instance)", lambda: self.build_second(self.mode), schedule[:n], keep)
-
-    def _tp_parity(self) -> None:
-        """Start invariant mode's engine again at the tp_parity check's size and run every reference on it."""
-        plan = self.plan
-        cfg, size = plan.config.engine, plan.config.checks.tp_parity.tensor_parallel_size
-        note = same_size_note(cfg, size)
-        if note is not None:
-            self.tp_parity = InstanceRun(note=note)
-            return
-
-        def keep(run: InstanceRun) -> None:
-            self.tp_parity = replace(run, engine={**run.engine, "tensor_parallel_size": size})
-
-        self._run_again(f"{self.mode} (tensor_parallel_size {size})",
-                        lambda: start_engine(parity_config(cfg, size), plan.model_dir, self.mode), (), keep)
-
-    def _run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
+    def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
                    keep: Callable[[InstanceRun], None]) -> None:
         """Another engine of this mode, started after the run's own closed: every reference and `trials` on it,
         from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed)."""
@@ -567,43 +472,6 @@ class ModeExecution:
             keep(InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
             engine.close()
             self.observer.done()
-
-    def _prefill_decode(self, steps: int) -> None:
-        assert self.engine is not None
-        for t, target in enumerate(self.plan.targets):
-            ref = self.solo[t]
-            n = len(ref.token_ids)
-            for i in sorted({round(k * (n - 1) / max(1, steps - 1)) for k in range(steps)})[:steps]:
-                prompt = target.token_ids + tuple(ref.token_ids[:i])
-                req = Request(f"prefill-{target.name}-{i}", prompt, target_sampling(self.plan.config, 1))
-                self.prefill[(t, i)] = fresh(self.engine, [req])[0]
-                self.observer.advance(self.divergent)
-        bad = [(t, i) for (t, i), again in self.prefill.items()
-               if first_divergence(step_of(self.solo[t], i), again) is not None]
-        for t, i in bad[:1]:
-            target = self.plan.targets[t]
-            req = Request(f"prefill-{target.name}-{i}", target.token_ids + tuple(self.solo[t].token_ids[:i]),
-                          target_sampling(self.plan.config, 1))
-            self._localize(("prefill", t, i), RunSpec((solo_request(self.plan, t),), 0), RunSpec((req,), 0))
-
-
-def _sampled_requests(plan: Plan, v: int, var: Any, targets: Sequence[int], seeds: Sequence[int]) -> list[Request]:
-    """Variant v's requests: target j under seed j, with the variant's temperature, top-p and top-k."""
-    return [Request(f"sampled-v{v}-{j}-{plan.targets[t].name}", plan.targets[t].token_ids,
-                    SamplingParams(plan.config.sampling.max_tokens, var.temperature, seed,
-                                   plan.config.sampling.logits, var.top_p, var.top_k))
-            for j, (t, seed) in enumerate(zip(targets, seeds, strict=True))]
-
-
-def _distinct_seeds(rng: random.Random, n: int) -> list[int]:
-    """n different seeds, drawn in order from `rng`."""
-    seeds: list[int] = []
-    while len(seeds) < n:
-        seed = rng.randrange(2**31)
-        if seed not in seeds:
-            seeds.append(seed)
-    return seeds
-
 
 def repeated_trials(plan: Plan) -> tuple[Trial, ...]:
     """The trials run twice: the schedule's first `repeat_trials` (a shard: those of them it holds)."""

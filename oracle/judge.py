@@ -18,11 +18,19 @@ from typing import Any
 
 import numpy as np
 
+from oracle.check_runs import (
+    CROSS_INSTANCE,
+    PREFILL_DECODE,
+    PREFIX_CACHE,
+    SEEDED_SAMPLING,
+    PrefixRuns,
+    SampledRuns,
+)
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
 from oracle.engines.contract import Completion, Mode, StepEvidence
 from oracle.engines.kinds import known_row
-from oracle.execute import InstanceRun, ModeResult
+from oracle.execute import CheckRun, InstanceRun, ModeResult
 from oracle.posture.probes import probe_hits
 from oracle.prompts import Target
 from oracle.report import (
@@ -35,7 +43,7 @@ from oracle.report import (
     TrialRecord,
 )
 from oracle.schedule import Trial
-from oracle.tp_parity import judge_parity, run_size
+from oracle.tp_parity import TP_PARITY, judge_parity, run_size
 
 KV_BOUNDARIES = (64, 128, 256, 512)
 
@@ -452,8 +460,9 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
     """Step i's output in decode == the output of prefilling the prompt plus tokens[:i], bitwise."""
     inv = runs.inv
     assert inv is not None
+    prefill: Mapping[tuple[int, int], Completion] = inv.checks.get("prefill_decode", {})
     recs: list[DivergenceRecord] = []
-    for (t, step), again in inv.prefill.items():
+    for (t, step), again in prefill.items():
         d = first_divergence(step_of(inv.solo[t], step), again)
         if d is not None:
             d = Divergence(step, d.kind, d.expected_token, d.actual_token, d.expected_logprob,
@@ -461,7 +470,7 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
                            None if d.first_token_step is None else step)
             recs.append(record(runs, "prefill_decode", "invariant", None, t, again, d, "prefill",
                                inv.localized.get(("prefill", t, step))))
-    n = len(inv.prefill)
+    n = len(prefill)
     if n == 0:
         return Judged(CheckResult.vacuous("prefill_decode", requirement, message="nothing re-prefilled"))
     if recs:
@@ -477,17 +486,17 @@ def _max_cached(c: Completion) -> int:
     return max((e.num_cached_tokens for e in c.evidence), default=0)
 
 
-def _prefix_divergences(runs: Runs, inv: ModeResult) -> list[DivergenceRecord]:
+def _prefix_divergences(runs: Runs, inv: ModeResult, ran: PrefixRuns) -> list[DivergenceRecord]:
     """A record for each target whose warm run differs from its cold run (bitwise)."""
     return [record(runs, "prefix_cache", "invariant", None, t, warm, d, "prefix_cache",
                    inv.localized.get(("prefix", t)), num_cached_tokens=_max_cached(warm))
-            for t, (cold, warm) in inv.prefix.items() if (d := first_divergence(cold, warm)) is not None]
+            for t, (cold, warm) in ran.pairs.items() if (d := first_divergence(cold, warm)) is not None]
 
 
-def _no_hit_message(runs: Runs, inv: ModeResult) -> str:
+def _no_hit_message(runs: Runs, ran: PrefixRuns) -> str:
     """Why no warm run hit the prefix cache: the engine's note, else a hint from its row."""
-    if inv.prefix_note:
-        return inv.prefix_note
+    if ran.note:
+        return ran.note
     row = known_row(runs.config.engine.kind)
     return "no warm run hit the prefix cache" + (row.prefix_cache_hint if row is not None else "")
 
@@ -496,22 +505,23 @@ def prefix_cache(runs: Runs, requirement: str) -> Judged:
     """A target run with its prefix cached (warm) == the same target run cold, bitwise."""
     inv = runs.inv
     assert inv is not None
-    recs = _prefix_divergences(runs, inv)
-    n = len(inv.prefix)
-    hits = sum(_max_cached(warm) > 0 for _, warm in inv.prefix.values())
-    cold_hits = sum(_max_cached(cold) > 0 for cold, _ in inv.prefix.values())
+    ran: PrefixRuns = inv.checks.get("prefix_cache", PrefixRuns())
+    recs = _prefix_divergences(runs, inv, ran)
+    n = len(ran.pairs)
+    hits = sum(_max_cached(warm) > 0 for _, warm in ran.pairs.values())
+    cold_hits = sum(_max_cached(cold) > 0 for cold, _ in ran.pairs.values())
     ev = {"targets": n, "warm_runs_with_cache_hits": hits, "cold_runs_with_cache_hits": cold_hits}
     if cold_hits:  # the reset did not empty the cache: no run here was cold, so warm vs cold says nothing
         return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
                                   evidence=ev, message=f"{cold_hits} of {n} cold runs hit the prefix cache: the "
                                   "engine's reset did not empty it, so no run was cold"))
-    if inv.prefix_note and requirement != "required":
+    if ran.note and requirement != "required":
         # Not applicable: the engine was configured without a prefix cache. Required, it stays vacuous (blocks).
         return Judged(CheckResult.skipped("prefix_cache", requirement, trials=0,
-                                  evidence=ev, message=inv.prefix_note))
+                                  evidence=ev, message=ran.note))
     if n == 0 or hits == 0:
         return Judged(CheckResult.vacuous("prefix_cache", requirement, trials=n,
-                                  evidence=ev, message=_no_hit_message(runs, inv)))
+                                  evidence=ev, message=_no_hit_message(runs, ran)))
     if recs:
         return Judged(CheckResult.failed("prefix_cache", requirement, trials=n,
                                   divergent=len(recs), evidence=ev,
@@ -610,23 +620,23 @@ def _shared_noise(rnd: Any) -> tuple[int, int]:
     return len(sensitive), shared
 
 
-def _sampling_evidence(runs: Runs, inv: ModeResult) -> tuple[list[DivergenceRecord], dict[str, Any]]:
+def _sampling_evidence(runs: Runs, sampled: SampledRuns) -> tuple[list[DivergenceRecord], dict[str, Any]]:
     """Every sampled round's divergences, and the counts seeded_sampling judges by."""
     variants = runs.config.checks.seeded_sampling.variants
     recs: list[DivergenceRecord] = []
     compared = sensitive = shared = 0
-    for rnd in inv.sampled:
+    for rnd in sampled.rounds:
         var = variants[rnd.variant].model_dump() if rnd.variant < len(variants) else {}
         recs += _round_divergences(runs, rnd, var)
         compared += len(rnd.targets) * len(rnd.batches)
         pairs, same = _shared_noise(rnd)
         sensitive += pairs
         shared += same
-    batched = sum(c.max_batch >= 2 for rnd in inv.sampled for b in rnd.batches for c in b)
+    batched = sum(c.max_batch >= 2 for rnd in sampled.rounds for b in rnd.batches for c in b)
     return recs, {"variants": [v.model_dump() for v in variants], "requests_compared": compared,
                   "requests_batched": batched,
                   "seed_pairs_that_differ_alone": sensitive, "seed_pairs_identical_in_a_batch": shared,
-                  "seeds": [list(r.seeds) for r in inv.sampled]}
+                  "seeds": [list(r.seeds) for r in sampled.rounds]}
 
 
 def seeded_sampling(runs: Runs, requirement: str) -> Judged:
@@ -636,12 +646,13 @@ def seeded_sampling(runs: Runs, requirement: str) -> Judged:
     seed shared by the batch (vLLM #50440), reported as `shared noise`."""
     inv = runs.inv
     assert inv is not None
-    recs, ev = _sampling_evidence(runs, inv)
+    sampled: SampledRuns = inv.checks.get("seeded_sampling", SampledRuns())
+    recs, ev = _sampling_evidence(runs, sampled)
     compared, sensitive, shared = (ev["requests_compared"], ev["seed_pairs_that_differ_alone"],
                                    ev["seed_pairs_identical_in_a_batch"])
-    if not inv.sampled:
+    if not sampled.rounds:
         return Judged(CheckResult.vacuous("seeded_sampling", requirement, evidence=ev,
-                                  message=inv.sampling_note or "nothing was sampled"))
+                                  message=sampled.note or "nothing was sampled"))
     if recs or shared:
         return _sampling_failure(requirement, ev, recs, compared, shared)
     if ev["requests_batched"] == 0:  # the "batched" requests never shared a pass: nothing was tested
@@ -687,9 +698,9 @@ def cross_instance(runs: Runs, requirement: str) -> Judged:
     mode = runs.config.checks.cross_instance.mode
     first = runs.mode(mode)
     name = "cross_instance"
-    if first is None or first.instance is None:
+    second: InstanceRun | None = first.checks.get(name) if first is not None else None
+    if first is None or second is None:
         return Judged(CheckResult.vacuous(name, requirement, message=f"no second {mode} instance ran"))
-    second = first.instance
     ev: dict[str, Any] = {"mode": mode, "references": len(second.solo), "trials": len(second.trials)}
     if "base_url" in first.engine and first.engine.get("base_url") == second.engine.get("base_url"):
         ev["same_server"] = first.engine["base_url"]
@@ -716,7 +727,7 @@ def tp_parity(runs: Runs, requirement: str) -> Judged:
     """Invariant mode's references at the run's tensor-parallel size against those at the check's size:
     reported with the size of their difference (oracle.tp_parity)."""
     inv = runs.inv
-    other = inv.tp_parity if inv is not None else None
+    other: InstanceRun | None = inv.checks.get("tp_parity") if inv is not None else None
     verdict, message, ev, n, divergent = judge_parity(
         inv.solo if inv is not None else None, other.solo if other is not None else None,
         other.note if other is not None else "", [t.name for t in runs.targets], run_size(runs.config.engine),
@@ -729,26 +740,50 @@ CheckFn = Callable[[Runs, str], Judged]
 INV: tuple[Mode, ...] = ("invariant",)
 PROD: tuple[Mode, ...] = ("production",)
 BOTH: tuple[Mode, ...] = ("invariant", "production")
-# name -> (check, the modes it cannot be judged without, the modes a run must execute for it)
-CHECKS: dict[str, tuple[CheckFn, tuple[Mode, ...], tuple[Mode, ...]]] = {
-    "invariance": (invariance, INV, INV),
-    "repeatability": (repeatability, (), BOTH),
-    "fidelity": (fidelity, BOTH, BOTH),
-    "drift": (drift, PROD, PROD),
-    "negative_control": (negative_control, (), PROD),
-    "prefill_decode": (prefill_decode, INV, INV),
-    "prefix_cache": (prefix_cache, INV, INV),
-    "golden": (golden, INV, INV),
-    "seeded_sampling": (seeded_sampling, INV, INV),
-    "cross_instance": (cross_instance, (), ()),  # reads checks.cross_instance.mode (modes_read)
-    "tp_parity": (tp_parity, INV, INV),
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check's row: its function, the modes it cannot be judged without, the modes a run must execute for
+    it, and the runs it makes of its own beside the schedule's trials (oracle.execute.CheckRun), if any."""
+
+    judge: CheckFn
+    needs: tuple[Mode, ...]
+    reads: tuple[Mode, ...]
+    runs: CheckRun | None = None
+
+
+# One row per check (and per field of `checks:` in the config), in the order they run and are reported.
+CHECKS: dict[str, Check] = {
+    "invariance": Check(invariance, INV, INV),
+    "repeatability": Check(repeatability, (), BOTH),
+    "fidelity": Check(fidelity, BOTH, BOTH),
+    "drift": Check(drift, PROD, PROD),
+    "negative_control": Check(negative_control, (), PROD),
+    "prefill_decode": Check(prefill_decode, INV, INV, PREFILL_DECODE),
+    "prefix_cache": Check(prefix_cache, INV, INV, PREFIX_CACHE),
+    "golden": Check(golden, INV, INV),
+    "seeded_sampling": Check(seeded_sampling, INV, INV, SEEDED_SAMPLING),
+    "cross_instance": Check(cross_instance, (), (), CROSS_INSTANCE),  # reads checks.cross_instance.mode (modes_read)
+    "tp_parity": Check(tp_parity, INV, INV, TP_PARITY),
 }
+
+
+def check_runs(config: Config) -> dict[str, CheckRun]:
+    """The own runs of the checks `config` enables, by check name, in table order (oracle.execute)."""
+    return {name: row.runs for name, row in CHECKS.items()
+            if row.runs is not None and getattr(config.checks, name).requirement != "off"}
+
+
+def check_data() -> dict[str, Any]:
+    """Check name -> the type of what its own runs keep in `ModeResult.checks` (oracle.shards.results)."""
+    return {name: row.runs.data for name, row in CHECKS.items() if row.runs is not None}
 
 
 def modes_read(config: Config) -> list[Mode]:
     """The modes the enabled checks read, in the order they run: a run executes only these."""
-    read = {m for name, (_, _, reads) in CHECKS.items()
-            if getattr(config.checks, name).requirement != "off" for m in reads}
+    read = {m for name, row in CHECKS.items()
+            if getattr(config.checks, name).requirement != "off" for m in row.reads}
     if config.checks.cross_instance.requirement != "off":
         read.add(config.checks.cross_instance.mode)
     return [m for m in BOTH if m in read]
@@ -780,13 +815,13 @@ def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
     """Every enabled check whose modes ran, in table order."""
     results: list[CheckResult] = []
     divergences: list[DivergenceRecord] = []
-    for name, (check, modes, _) in CHECKS.items():
+    for name, row in CHECKS.items():
         requirement = getattr(runs.config.checks, name).requirement
-        if requirement == "off" or any(runs.mode(m) is None for m in modes):
+        if requirement == "off" or any(runs.mode(m) is None for m in row.needs):
             continue
         if name == "golden" and runs.golden is None:
             continue
-        judged = check(runs, requirement)
+        judged = row.judge(runs, requirement)
         self_compared = name in SELF_COMPARED and shared_server(runs.config)
         results.append(_self_compared(judged.result) if self_compared else judged.result)
         divergences += judged.divergences

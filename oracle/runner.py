@@ -25,7 +25,7 @@ from oracle.engines.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
-from oracle.judge import Runs, coverage, hazard_probes, judge, modes_read
+from oracle.judge import Runs, check_runs, coverage, hazard_probes, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
@@ -161,7 +161,8 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
     """Each mode the enabled checks read, in order; its result (also a partial one) into `results`."""
     build = engine_builder(plan)
     for mode in modes_read(plan.config):
-        execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1))
+        execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1),
+                                  check_runs=check_runs(plan.config))
         try:
             execution.run()
         finally:

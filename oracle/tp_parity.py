@@ -6,20 +6,23 @@ and at TP N may differ by design: this check reports by how much (targets that d
 ULP, largest logprob difference, tokens that flipped). Off by default, and reported rather than
 required unless the config says `required`.
 
-Its runs: invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size` (the
-engine's config from `parity_config`) after the run's own engine closed, and runs every target's solo
-reference (oracle.execute); the check compares those with the run's own references (`judge_parity`).
+Its runs (`TP_PARITY`): invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size`
+(the engine's config from `parity_config`) after the run's own engine closed, and runs every target's solo
+reference; the check compares those with the run's own references (`judge_parity`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from oracle.compare import first_divergence
 from oracle.config import EngineConfig
 from oracle.engines.contract import Completion
+from oracle.execute import CheckRun, InstanceRun, ModeExecution
+from oracle.lifecycle.watchdog import start_engine
 
 FIELD = "tensor_parallel_size"
 
@@ -101,3 +104,22 @@ def judge_parity(own: Mapping[int, Completion] | None, other: Mapping[int, Compl
                f"promises): {first['target']} first at step {first['step']}{ulp}; max |dlogprob| "
                f"{ev['max_abs_logprob_diff']:.3g}{flips}")
     return "fail", message, ev, n, len(differing)
+
+
+def _run(ex: ModeExecution) -> None:
+    """Start invariant mode's engine again at the check's size and run every reference on it."""
+    plan = ex.plan
+    cfg, size = plan.config.engine, plan.config.checks.tp_parity.tensor_parallel_size
+    note = same_size_note(cfg, size)
+    if note is not None:
+        ex.checks["tp_parity"] = InstanceRun(note=note)
+        return
+
+    def keep(run: InstanceRun) -> None:
+        ex.checks["tp_parity"] = replace(run, engine={**run.engine, FIELD: size})
+
+    ex.run_again(f"{ex.mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, ex.mode),
+                 (), keep)
+
+
+TP_PARITY = CheckRun(InstanceRun, _run, lambda ex: ex.mode == "invariant" and ex.per_target)

@@ -8,6 +8,8 @@ What each type becomes, exactly enough to read back bitwise what was written:
 - `X | None`: null or X; list[X], tuple[X, ...], tuple[A, B]: a list, read back as the declared sequence;
 - a mapping with str keys: an object; with other keys: a list of [key, value] pairs;
 - a dataclass: an object of its fields, every one of them and no other on reading;
+- a TypedDict: an object of the keys it holds, each by its declared type; a key it does not declare is
+  refused on reading;
 - `Any`: JSON as it is (an object's `to_json()`, a tuple as a list); a key of type Any reads a list back
   as a tuple (a key must be hashable);
 - `Row`: an array stored beside the JSON (`Rows`); the JSON holds its key.
@@ -181,6 +183,8 @@ class _Builder:
             return _scalar(tp, where)
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             return self.dataclasses.get(tp) or self._dataclass(tp)
+        if typing.is_typeddict(tp):
+            return self._typeddict(tp, where)
         rule = _GENERIC_RULES.get(typing.get_origin(tp))
         codec = None if rule is None else rule(self, typing.get_args(tp), where)
         if codec is None:
@@ -215,6 +219,17 @@ class _Builder:
 
     def _literal(self, args: tuple[Any, ...], where: str) -> Codec | None:
         return _one_of(args, where)
+
+    def _typeddict(self, tp: Any, where: str) -> Codec:
+        codecs = {k: self.build(v, f"{where}.{k}") for k, v in typing.get_type_hints(tp).items()}
+
+        def decode(v: Any, rows: Rows) -> dict[str, Any]:
+            unknown = sorted(set(_expect(v, (dict,), where)) - set(codecs), key=str)
+            if unknown:
+                raise KeyError(f"{where}: unknown keys {unknown}")
+            return {k: codecs[k].decode(x, rows) for k, x in v.items()}
+
+        return Codec(lambda v, rows: {k: codecs[k].encode(x, rows) for k, x in v.items()}, decode)
 
     def _dataclass(self, cls: type) -> Codec:
         try:

@@ -227,7 +227,9 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     if not _wants_engine(_config_of(report, path), inv, schedule):
         return inv
     plan = _rerun_plan(report, path, schedule, trusted)
-    execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"))
+    # Shrinking and localizing only: the checks' own runs were shard 0's.
+    execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"),
+                              check_runs={})
     execution.solo.update(inv.solo)
     execution.trials.update(inv.trials)
     execution.repeats.update(inv.repeats)

@@ -19,7 +19,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from oracle.engines.contract import Completion, Mode
 from oracle.errors import ConfigError
 from oracle.execute import ModeResult
 from oracle.files import GIB, open_regular
+from oracle.judge import check_data
 from oracle.prompts import Target
 from oracle.redaction import redact_document
 from oracle.report import write_atomic_with
@@ -35,7 +36,7 @@ from oracle.shards.assign import MAX_SHARDS, Shard
 from oracle.shards.codec import Row, Rows, codec_for
 
 RESULTS_FILE = "shard-results.npz"
-FORMAT = 2  # 2: every ModeResult field, by its type (oracle.shards.codec)
+FORMAT = 3  # 2: every ModeResult field, by its type (oracle.shards.codec); 3: the checks' own runs in `checks`
 # Bounds on what a results file may make a merge read (a file from another machine is untrusted input).
 MAX_RESULTS_BYTES = 64 * GIB  # on disk, and so in memory: members are stored uncompressed
 MAX_META_BYTES = 2 * GIB
@@ -57,8 +58,11 @@ class ShardResults:
 
 # Every field of ModeResult (and of what it holds) by its type (oracle.shards.codec), built at import: a field
 # of a type with no encoding fails here, never drops out of the file. A Completion's `logits` (typed
-# list[Any]) holds arrays, stored beside the JSON.
-_MODE = codec_for(ModeResult, retype={(Completion, "logits"): list[Row | None] | None})
+# list[Any]) holds arrays, stored beside the JSON; `checks` holds each check's own runs, of the type its
+# row declares (oracle.judge.CHECKS), so a check added there is in the file with no edit here.
+CheckData = TypedDict("CheckData", check_data(), total=False)  # type: ignore[misc]
+MODE_RETYPE = {(Completion, "logits"): list[Row | None] | None, (ModeResult, "checks"): CheckData}
+_MODE = codec_for(ModeResult, retype=MODE_RETYPE)
 _TARGETS = codec_for(tuple[Target, ...])
 
 
@@ -71,7 +75,7 @@ def save_results(report_dir: Path, shard: Shard, seed: int, config_digest: str, 
             "targets": _TARGETS.encode(targets, rows), "modes": {m: _MODE.encode(r, rows) for m, r in results.items()}}
     # The engines' descriptions hold their options (a server's command line, `env`, an api_key): the same
     # redaction as report.json's (oracle.redaction.redact_document), so no file a run writes holds a secret.
-    meta = redact_document(meta, ("modes.*.engine", "modes.*.instance.engine", "modes.*.tp_parity.engine"))
+    meta = redact_document(meta, ("modes.*.engine", "modes.*.checks.*.engine"))
     blob = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / RESULTS_FILE

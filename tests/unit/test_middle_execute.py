@@ -16,7 +16,7 @@ from oracle.config import parse_config
 from oracle.engines.contract import Completion, Engine, Mode, Request, SamplingParams
 from oracle.errors import ConfigError, EngineError
 from oracle.execute import ModeExecution, ModeResult, generate, repeated_trials
-from oracle.judge import Runs, invariance, repeatability
+from oracle.judge import Runs, check_runs, invariance, repeatability
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request, trial_requests
 
@@ -57,7 +57,7 @@ class Builds:
 
 
 def _execute(plan: Plan, mode: Mode, build: Builds) -> ModeResult:
-    execution = ModeExecution(plan, mode, Observer(), build)
+    execution = ModeExecution(plan, mode, Observer(), build, check_runs=check_runs(plan.config))
     try:
         execution.run()
     finally:
@@ -92,7 +92,7 @@ def test_a_mode_gives_the_outputs_the_engine_gives(fake_model: Path) -> None:
         assert (got.token_ids, got.logprobs, got.max_batch) == (expected.token_ids, expected.logprobs,
                                                                  trial.batch_size)
     assert set(result.repeats) == {0, 1, 2} == {t.trial_id for t in repeated_trials(plan)}
-    assert result.shrink is None and result.shrink_trials == () and result.prefill == {}
+    assert result.shrink is None and result.shrink_trials == () and "prefill_decode" not in result.checks
     assert len(build.engines) == 1 and build.closed == build.engines  # one engine per mode, closed
 
 
@@ -137,15 +137,15 @@ def test_a_planted_fault_diverges_exactly_where_planted_and_is_shrunk(fake_model
 def test_production_mode_neither_shrinks_nor_re_prefills(fake_model: Path) -> None:
     plan = _plan(fake_model, prefill_decode="warn")
     prod = _execute(plan, "production", Builds(fake_model, diverge_from_batch=2, diverge_mode="production"))
-    assert prod.shrink is None and prod.prefill == {} and len(prod.repeats) == 3
+    assert prod.shrink is None and prod.checks == {} and len(prod.repeats) == 3
     inv = _execute(plan, "invariant", Builds(fake_model))
     steps = plan.config.checks.prefill_decode.steps
-    assert set(inv.prefill) == {(t, i) for t in range(3) for i in range(steps)}  # 4 tokens: every step
+    assert set(inv.checks["prefill_decode"]) == {(t, i) for t in range(3) for i in range(steps)}  # 4 tokens: every step
 
 
 def test_an_engine_without_a_prefix_cache_says_so(fake_model: Path) -> None:
     result = _execute(_plan(fake_model, prefix_cache="warn"), "invariant", Builds(fake_model))
-    assert result.prefix == {} and "without prefix caching" in result.prefix_note
+    assert result.checks["prefix_cache"].pairs == {} and "without prefix caching" in result.checks["prefix_cache"].note
 
 
 @pytest.mark.parametrize(("fault", "says"), [
@@ -168,7 +168,7 @@ def test_a_fault_mid_run_keeps_what_completed(fake_model: Path) -> None:
     result holds the references and the two trials, never the broken one."""
     plan = _plan(fake_model)
     build = Builds(fake_model, BrokenEngine, fault="nan_logprob", fault_from_call=6)
-    execution = ModeExecution(plan, "invariant", Observer(), build)
+    execution = ModeExecution(plan, "invariant", Observer(), build, check_runs=check_runs(plan.config))
     with pytest.raises(EngineError, match="request trial2-"):
         execution.run()
     result = execution.result()

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from oracle.check_runs import PrefixRuns, SampledRound, SampledRuns
 from oracle.config import Config, parse_config
 from oracle.engines.contract import Completion, StepEvidence
-from oracle.execute import InstanceRun, ModeResult, SampledRound
+from oracle.execute import InstanceRun, ModeResult
 from oracle.judge import CHECKS, Runs, coverage, judge, modes_read
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
@@ -139,11 +140,11 @@ def _repeats(inv_again: dict[int, Completion], prod_again: dict[int, Completion]
 
 
 def _prefix(pairs: dict[int, tuple[Completion, Completion]], note: str = "") -> Callable[[], Runs]:
-    return lambda: _runs(_mode("invariant", prefix=MappingProxyType(pairs), prefix_note=note))
+    return lambda: _runs(_mode("invariant", checks={"prefix_cache": PrefixRuns(MappingProxyType(pairs), note)}))
 
 
 def _prefill(again: dict[tuple[int, int], Completion]) -> Callable[[], Runs]:
-    return lambda: _runs(_mode("invariant", prefill=MappingProxyType(again)))
+    return lambda: _runs(_mode("invariant", checks={"prefill_decode": MappingProxyType(again)}))
 
 
 def _step(t: int, i: int, ulps: int = 0) -> Completion:
@@ -155,7 +156,8 @@ def _instance(solo: dict[int, Completion], trials: dict[int, Completion], engine
               first_engine: dict[str, Any] | None = None) -> Callable[[], Runs]:
     config = _config(cross_instance="required")
     return lambda: _runs(_mode("invariant", trials=_batched(), engine=first_engine or {"engine": "a"},
-                               instance=InstanceRun(engine or {"engine": "a"}, solo, trials)), config=config)
+                               checks={"cross_instance": InstanceRun(engine or {"engine": "a"}, solo, trials)}),
+                         config=config)
 
 
 def _sampled(batches: tuple[tuple[Completion, ...], ...], solo: tuple[Completion, ...] | None = None,
@@ -163,7 +165,7 @@ def _sampled(batches: tuple[tuple[Completion, ...], ...], solo: tuple[Completion
     one, two = _c([1, 2], [-0.5, -0.625], rid="s0"), _c([3, 4], [-0.5, -0.625], rid="s1")
     rounds = (SampledRound(0, targets, (11, 12), solo or (one, two), batches),) if batches else ()
     config = _config(seeded_sampling="required")
-    return lambda: _runs(_mode("invariant", sampled=rounds, sampling_note=note), config=config)
+    return lambda: _runs(_mode("invariant", checks={"seeded_sampling": SampledRuns(rounds, note)}), config=config)
 
 
 ONE, TWO = _c([1, 2], [-0.5, -0.625], 2, rid="s0"), _c([3, 4], [-0.5, -0.625], 2, rid="s1")
@@ -316,7 +318,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.check}: {c.id}" for c in CASES])
 def test_each_check_judges_the_table(case: Case) -> None:
-    check = CHECKS[case.check][0]
+    check = CHECKS[case.check].judge
     judged = check(case.runs(), case.requirement)
     r = judged.result
     assert (r.name, r.verdict, r.trials, r.divergent) == (case.check, case.verdict, case.trials, case.divergent), \
@@ -335,11 +337,11 @@ def test_no_verdict_of_a_broken_output_is_a_pass() -> None:
     broken = [c for c in CASES if "NaN" in c.id or "short" in c.id]
     assert len(broken) >= 5
     for case in broken:
-        assert CHECKS[case.check][0](case.runs(), "required").result.verdict != "pass", case.id
+        assert CHECKS[case.check].judge(case.runs(), "required").result.verdict != "pass", case.id
 
 
 def test_a_divergence_record_carries_the_trial_and_the_values() -> None:
-    judged = CHECKS["invariance"][0](_inv({1: {"step": 2, "ulps": 16}})(), "required")
+    judged = CHECKS["invariance"].judge(_inv({1: {"step": 2, "ulps": 16}})(), "required")
     (d,) = judged.divergences
     assert d.mode == "invariant" and d.request_id == "trial"
     assert d.trial is not None and d.trial.trial_id == 1 and len(d.trial.fillers) == 2 and d.trial.position == 2

@@ -17,7 +17,7 @@ from oracle.compare import first_divergence, row_digest
 from oracle.config import parse_config
 from oracle.engines.contract import Completion, Request, SamplingParams, output_problem
 from oracle.execute import ModeExecution, ModeResult, keep_rows
-from oracle.judge import Runs, fidelity, within
+from oracle.judge import Runs, check_runs, fidelity, within
 from oracle.observer import Observer
 from oracle.plan import plan_run, solo_request, trial_requests
 from oracle.runner import run
@@ -191,7 +191,7 @@ def test_stored_trials_keep_one_row_and_judge_as_full_rows_would(fake_model: Pat
     def build(mode: Any) -> Any:
         return BrokenEngine(fake_model, mode, vocab=64, row_fault_from_batch=3, row_fault_step=2)
 
-    execution = ModeExecution(plan, "invariant", Observer(), build)
+    execution = ModeExecution(plan, "invariant", Observer(), build, check_runs=check_runs(plan.config))
     execution.run()
     result = execution.result()
     engine = build("invariant")
@@ -229,7 +229,7 @@ def test_a_repeat_that_differs_keeps_the_rows_repeatability_reads(fake_model: Pa
         return BrokenEngine(fake_model, mode, vocab=32, row_fault_from_batch=3, row_fault_step=2,
                             row_noise_from_call=first_repeat_call)
 
-    execution = ModeExecution(plan, "invariant", Observer(), build)
+    execution = ModeExecution(plan, "invariant", Observer(), build, check_runs=check_runs(plan.config))
     execution.run()
     result = execution.result()
     clean, noisy = build("invariant"), build("invariant")

@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 
 from oracle.capture.rules import LocalizedOp
+from oracle.check_runs import PrefixRuns, SampledRound, SampledRuns
 from oracle.engines.contract import Completion, StepEvidence
 from oracle.errors import ConfigError
-from oracle.execute import InstanceRun, ModeResult, SampledRound
+from oracle.execute import InstanceRun, ModeResult
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
 from oracle.search import SearchOutcome
 from oracle.shards.assign import Shard
 from oracle.shards.codec import Row, Rows, codec_for
-from oracle.shards.results import RESULTS_FILE, load_results, save_results
+from oracle.shards.results import MODE_RETYPE, RESULTS_FILE, load_results, save_results
 from oracle.shrink import ShrinkResult
 
 
@@ -59,18 +60,21 @@ def full_result() -> ModeResult:
     c = _completion
     return ModeResult(
         mode="invariant", engine={"kind": "fake", "options": {"tensor_parallel": 2, "flags": ["a", "b"]}},
-        solo={0: c(1), 1: c(2)}, trials={0: c(3), 5: c(4)}, repeats={0: c(5)}, prefill={(1, 2): c(6)},
-        prefix={1: (c(7), c(8))}, prefix_note="the engine keeps no prefix cache",
+        solo={0: c(1), 1: c(2)}, trials={0: c(3), 5: c(4)}, repeats={0: c(5)},
         shrink=ShrinkResult(_trial(0), _trial(9), minimal=True, runs=3, tried=[9, 10]),
         shrink_trials=(_trial(9), _trial(10)),
         localized={9: _op(), ("prefill", 1, 2): None, ("prefix", 1): _op()},
         localize_notes=("localize 5: no capture",), seconds=1.25,
         search=SearchOutcome(asked=4, seed=2**60 + 3, trials=(_trial(11),), failing=(11,), best={"kv": 1.5}),
         search_trials=(_trial(11),), timings={"engine_start": 0.125, "trials": 3.5},
-        sampled=(SampledRound(1, (0, 1), (7, 8), (c(9), c(10)), ((c(11), c(12)), (c(12), c(11)))),),
-        sampling_note="temperature 0 only",
-        instance=InstanceRun({"kind": "fake", "instance": 2}, {0: c(13)}, {0: c(14)}, "a second engine"),
-        tp_parity=InstanceRun({"kind": "fake", "tensor_parallel_size": 1}, {0: c(15)}, {}, ""))
+        checks={"prefill_decode": {(1, 2): c(6)},
+                "prefix_cache": PrefixRuns({1: (c(7), c(8))}, "the engine keeps no prefix cache"),
+                "seeded_sampling": SampledRuns((SampledRound(1, (0, 1), (7, 8), (c(9), c(10)),
+                                                             ((c(11), c(12)), (c(12), c(11)))),),
+                                               "temperature 0 only"),
+                "cross_instance": InstanceRun({"kind": "fake", "instance": 2}, {0: c(13)}, {0: c(14)},
+                                              "a second engine"),
+                "tp_parity": InstanceRun({"kind": "fake", "tensor_parallel_size": 1}, {0: c(15)}, {}, "")})
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -129,7 +133,8 @@ def test_every_mode_result_field_round_trips(tmp_path: Path) -> None:
 def test_a_field_added_to_mode_result_round_trips_with_no_edit_to_the_codec() -> None:
     grown = dataclasses.make_dataclass("GrownResult", [("extra", tuple[tuple[int, float], ...],
                                                         dataclasses.field(default=()))], bases=(ModeResult,), frozen=True)
-    codec = codec_for(grown, retype={(Completion, "logits"): list[Row | None] | None})
+    codec = codec_for(grown, retype={(Completion, "logits"): MODE_RETYPE[(Completion, "logits")],
+                                     (grown, "checks"): MODE_RETYPE[(ModeResult, "checks")]})
     value = grown(**{f.name: getattr(full_result(), f.name) for f in dataclasses.fields(ModeResult)},
                   extra=((1, 0.5), (2, -1.0)))
     rows = Rows()
@@ -170,7 +175,9 @@ def _rewrite(folder: Path, change: Any) -> None:
 
 
 @pytest.mark.parametrize(("change", "named"), [
-    (lambda m: m["modes"]["invariant"].pop("prefix_note"), r"fields missing \['prefix_note'\]"),
+    (lambda m: m["modes"]["invariant"].pop("seconds"), r"fields missing \['seconds'\]"),
+    (lambda m: m["modes"]["invariant"]["checks"]["prefix_cache"].pop("note"), r"PrefixRuns: fields missing \['note'\]"),
+    (lambda m: m["modes"]["invariant"]["checks"].update(golden={}), r"unknown keys \['golden'\]"),
     (lambda m: m["modes"]["invariant"].update(verdict="pass"), r"unknown \['verdict'\]"),
     (lambda m: m["modes"]["invariant"].update(seconds=True), r"ModeResult\.seconds: bool"),
     (lambda m: m["modes"]["invariant"]["solo"][0][1].update(token_ids=[1, "2"]), r"Completion\.token_ids"),
@@ -179,8 +186,8 @@ def _rewrite(folder: Path, change: Any) -> None:
     (lambda m: m["modes"]["invariant"]["solo"][0][1].update(logprobs=[0.5, None, 1]), r"Completion\.logprobs"),
     (lambda m: m["modes"]["invariant"].update(mode="production"), "filed under invariant"),
     (lambda m: m["modes"]["invariant"]["shrink"]["start"].update(origin="elsewhere"), "'elsewhere' is none of"),
-    (lambda m: m["modes"]["invariant"]["prefill"][0].append(1), r"not \[key, value\]"),
-    (lambda m: m.update(format=1), "format 1, this oracle reads 2"),
+    (lambda m: m["modes"]["invariant"]["checks"]["prefill_decode"][0].append(1), r"not \[key, value\]"),
+    (lambda m: m.update(format=2), "format 2, this oracle reads 3"),
 ])
 def test_a_tampered_results_file_is_refused_naming_the_place(tmp_path: Path, change: Any, named: str) -> None:
     save_results(tmp_path, _shard(), 7, "d" * 64, "1.2.3", (Target("a", (1,)),), {"invariant": full_result()})
