@@ -28,7 +28,7 @@ from oracle.check_runs import (
 )
 from oracle.compare import Divergence, first_divergence, step_of
 from oracle.config import Config
-from oracle.engines.contract import Completion, Mode, StepEvidence
+from oracle.engines.contract import Completion, LocalizedOp, Mode, StepEvidence
 from oracle.engines.kinds import known_row
 from oracle.execute import CheckRun, InstanceRun, ModeResult
 from oracle.posture.probes import probe_hits
@@ -38,7 +38,6 @@ from oracle.report import (
     CheckResult,
     DivergenceRecord,
     HazardProbesRecord,
-    LocalizedOpRecord,
     ProbeNotFormed,
     TrialRecord,
 )
@@ -81,15 +80,9 @@ class Judged:
     divergences: tuple[DivergenceRecord, ...] = ()
 
 
-def _localized(op: Any) -> LocalizedOpRecord | None:
-    if op is None:
-        return None
-    data = op.to_json() if hasattr(op, "to_json") else op
-    return LocalizedOpRecord.model_validate(data)
-
-
 def record(runs: Runs, check: str, mode: str, trial: Trial | None, target: int, actual: Completion,
-           d: Divergence, cause: Cause = "batch", localized: Any = None, **extra: Any) -> DivergenceRecord:
+           d: Divergence, cause: Cause = "batch", localized: LocalizedOp | None = None,
+           **extra: Any) -> DivergenceRecord:
     margin = d.reference_margin
     ev = next((e for e in actual.evidence if e.token_index == d.step), None)
     return DivergenceRecord(
@@ -102,7 +95,7 @@ def record(runs: Runs, check: str, mode: str, trial: Trial | None, target: int, 
         max_abs_logits_diff=d.max_abs_logits_diff, reference_margin=margin,
         near_tie=None if margin is None else margin < runs.config.checks.fidelity.near_tie,
         first_token_step=d.first_token_step, cause=cause,
-        evidence={**(asdict(ev) if ev else {}), **extra}, localized_op=_localized(localized),
+        evidence={**(asdict(ev) if ev else {}), **extra}, localized_op=localized,
     )
 
 
@@ -286,7 +279,7 @@ def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRec
             parts.append(f"trial {s['start_trial']} did not shrink ({size})")
     op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
     if op is not None:
-        parts.append(f"first diverging op: {op.describe()}")
+        parts.append(f"first diverging op: {op.summary()}")
     return "; ".join(parts)
 
 

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from oracle.localized_op import LocalizedOp
 from oracle.redaction import redact_document, redact_tree, scrub_text
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
@@ -62,53 +63,6 @@ class TrialRecord(_Model):
     parent: int | None = Field(default=None, description="for a shrink candidate: the trial it was reduced from")
     probe: str = Field(default="", description="a hazard probe's stratum and side (`fa3_kv_256:above`); empty "
                        "for a trial the generator drew")
-
-
-class LocalizedOpRecord(_Model):
-    """The first op whose output differed for the target while its inputs were equal."""
-
-    module: str = Field(description="module path, e.g. model.layers.1.mlp.down_proj")
-    op: str = Field(description="aten op, e.g. aten.mm.default")
-    layer: int | None = None
-    forward_pass: int | None = Field(default=None, description="forward pass of the diverging run (0-based)")
-    engine_step: int | None = None
-    positions: list[int] = Field(default_factory=list, description="the target's token positions that differed")
-    shape: list[int] = Field(default_factory=list)
-    ulp: int | None = None
-    max_abs_diff: float | None = None
-    inputs_equal: bool | None = None
-    pass_evidence: dict[str, Any] = Field(default_factory=dict)
-    eager: bool | None = Field(default=None, description="the localizing rerun ran eagerly (no CUDA graphs or compile)")
-    still_diverged: bool = Field(default=True, description="the localizing rerun still diverged")
-    note: str = ""
-    status: str = Field(default="localized", description="localized (an op), kv_state (the KV cache it read "
-                        "differed), after_capture (every captured op agreed), inconclusive (module is a bound)")
-    kind: str = Field(default="out", description="out (a returned tensor), write (an argument the op wrote), "
-                      "kv_write, kv_read")
-    within: str = Field(default="", description="the custom op the named op ran inside")
-    op_class: str = Field(default="other", description="attention, matmul, norm, sampling, communication, "
-                          "kv-cache write or other")
-    confirmation: str = Field(default="not checked", description="confirmed: run alone on each run's captured "
-                              "inputs the op reproduces the difference; not reproduced alone; not checked")
-    confirm_note: str = ""
-    depends_on: dict[str, Any] = Field(default_factory=dict, description="launch quantities that differed "
-                                       "between the two calls: {name: [expected, actual]}")
-    repro: str | None = Field(default=None, description="folder of the standalone one-op repro")
-    rank: int | None = Field(default=None, description="the tensor-parallel rank the op ran in (null: one process)")
-
-    def describe(self) -> str:
-        layer = f", layer {self.layer}" if self.layer is not None else ""
-        layer += f", rank {self.rank}" if self.rank is not None else ""
-        where = f", pass {self.forward_pass}" if self.forward_pass is not None else ""
-        step = f" (engine step {self.engine_step})" if self.engine_step is not None else ""
-        ulp = f", {self.ulp} ULP" if self.ulp is not None else ""
-        op = self.op + (f" inside {self.within}" if self.within else "")
-        head = {"kv_state": "KV cache read by ", "after_capture": "after the last captured op, ",
-                "inconclusive": "inconclusive, within "}.get(self.status, "")
-        tail = f", {self.op_class}, {self.confirmation}" if self.status == "localized" else ""
-        if self.depends_on:
-            tail += " (" + ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items()) + ")"
-        return f"{head}{self.module} ({op}){layer}{where}{step}{ulp}{tail}"
 
 
 class CheckResult(_Model):
@@ -182,7 +136,7 @@ class DivergenceRecord(_Model):
     first_token_step: int | None = None
     cause: Cause = "batch"
     evidence: dict[str, Any] = Field(default_factory=dict)
-    localized_op: LocalizedOpRecord | None = None
+    localized_op: LocalizedOp | None = None
 
     @property
     def shrunk(self) -> bool:

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oracle.compare import first_divergence
-from oracle.report import LocalizedOpRecord, VarianceMap, VarianceOpRecord
+from oracle.localized_op import LocalizedOp
+from oracle.report import VarianceMap, VarianceOpRecord
 
 # Every class an op can have (oracle.capture.rules.op_class), shown with 0 where nothing drifted there.
 OP_CLASSES = ("attention", "matmul", "norm", "sampling", "communication", "kv-cache write", "other")
@@ -42,12 +43,6 @@ def drifting_trials(trials: Mapping[int, Any], prod: Any, ids: Sequence[int]) ->
     """Production trials (of `ids`, in order) whose target differs from its production solo run."""
     return [tid for tid in ids if tid in prod.trials and trials[tid].target in prod.solo
             and first_divergence(prod.solo[trials[tid].target], prod.trials[tid]) is not None]
-
-
-def _record(op: Any) -> LocalizedOpRecord | None:
-    if op is None:
-        return None
-    return LocalizedOpRecord.model_validate(op.to_json() if hasattr(op, "to_json") else op)
 
 
 def _scalar(v: Any) -> Any:
@@ -99,7 +94,7 @@ def _value_order(v: Any) -> tuple[bool, Any]:
     return not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)
 
 
-def _follows(found: Sequence[tuple[int, LocalizedOpRecord]]) -> dict[str, dict[str, list[Any]]]:
+def _follows(found: Sequence[tuple[int, LocalizedOp]]) -> dict[str, dict[str, list[Any]]]:
     """quantity -> the distinct solo and drifting values it took at the op's divergences, each sorted."""
     follows: dict[str, dict[str, list[Any]]] = {}
     for _, op in found:
@@ -116,7 +111,7 @@ def _follows(found: Sequence[tuple[int, LocalizedOpRecord]]) -> dict[str, dict[s
     return follows
 
 
-def _op_row(module: str, name: str, status: str, found: Sequence[tuple[int, LocalizedOpRecord]]) -> VarianceOpRecord:
+def _op_row(module: str, name: str, status: str, found: Sequence[tuple[int, LocalizedOp]]) -> VarianceOpRecord:
     """One op of the map: the drifting trials it accounts for, their layers, confirmations and quantities."""
     first = found[0][1]
     confirmation: dict[str, int] = {}
@@ -133,11 +128,11 @@ def _op_row(module: str, name: str, status: str, found: Sequence[tuple[int, Loca
 def build_map(setting: str, trials: Mapping[int, Any], prod: Any, ids: Sequence[int]) -> VarianceMap:
     """The map of production's drifting trials among `ids` (judged trial ids), from `prod.localized`."""
     drifting = drifting_trials(trials, prod, ids)
-    groups: dict[tuple[str, str, str], list[tuple[int, LocalizedOpRecord]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[int, LocalizedOp]]] = {}
     not_localized: dict[str, str] = {}
     notes = [str(n) for n in prod.localize_notes]
     for tid in drifting:
-        op = _record(prod.localized.get(tid))
+        op: LocalizedOp | None = prod.localized.get(tid)
         if op is None:
             not_localized[str(tid)] = _why_not_localized(tid, prod, notes, setting)
         else:

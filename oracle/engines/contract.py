@@ -9,8 +9,10 @@ an optional capability, declared by implementing its protocol below (`StopsAtEos
 `ResetsPrefixCache`, `Capturable`, `LocalizesInWorker`, `LaysOutPasses`, `DeclaresOpPackages`,
 `TimesForwardPasses`); an engine class may also say `needs_weights = False` (`class_needs_weights`).
 The types the capture capabilities pass are declared here too, so that the contract imports nothing
-of oracle: `PassRecorder` (what `oracle.capture.rows.RowCapture` offers an engine's capture),
-`PassLayout` and `Grid` (where the target's tokens sit in a pass) and `LocalizedOp` (the answer).
+of oracle but `oracle.localized_op`: `PassRecorder` (what `oracle.capture.rows.RowCapture` offers an
+engine's capture), `PassLayout` and `Grid` (where the target's tokens sit in a pass); the answer,
+`LocalizedOp`, is `oracle.localized_op`'s (the report holds it too, without loading the engines),
+re-exported here.
 `capabilities(engine)` reads them into one frozen `Capabilities`, with every field off for an engine
 that declares none, so an engine with the four required members runs every check that needs
 nothing more. Ask `capabilities(engine)` whether an engine can do something, never `isinstance`
@@ -23,8 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from oracle.localized_op import LocalizedOp, position_ranges
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -164,7 +168,7 @@ class RunSpec:
     warm_with: tuple[Request, ...] = ()
 
 
-# --- what the capture capabilities pass: where the target sits, the recorder, the answer -----------
+# --- what the capture capabilities pass: where the target sits, the recorder ---------------------
 
 
 @dataclass(frozen=True)
@@ -211,114 +215,6 @@ class PassRecorder(Protocol):
     def forward_pass(self, layout: PassLayout, inputs: Sequence[Any]) -> AbstractContextManager[None]:
         """Capture one pass laid out as `layout`, its rows starting at `inputs`."""
         ...
-
-
-# The line a status starts with in `LocalizedOp.describe`.
-_STATUS_HEADS = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
-                 "inconclusive": "inconclusive, within "}
-_INPUTS = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}
-_SHARED = ("num_seqs", "num_tokens", "num_prefill_tokens", "num_decode_tokens")
-
-
-@dataclass(frozen=True)
-class LocalizedOp:
-    """Where a target's bits first moved, inside the model.
-
-    `status`: `localized` (an op, named by `module` and `op`), `kv_state` (the KV cache it read
-    differed), `after_capture` (every captured op agreed; `op` is the last one that did) or
-    `inconclusive` (`module` is the narrowest bound, `note` says why). `positions`: the target's
-    token positions whose rows differ; `shape`: the result's full shape in the failing run; `ulp`:
-    the largest distance between differing elements on the ordered integer line of their bit
-    patterns; `inputs_equal`: whether every row-aligned input was bitwise equal; `within`: the
-    custom op the named op ran inside; `op_class`: attention, matmul, norm, sampling,
-    communication, kv-cache write or other; `confirmation`: `confirmed` (run alone on each run's
-    captured inputs, the op reproduces the difference), `not reproduced alone`, or `not checked`
-    (`confirm_note` says why); `depends_on`: launch quantities that differed between the two calls
-    ({name: [expected, actual]}); `repro`: the folder of the standalone repro, when written.
-    """
-
-    module: str
-    op: str
-    layer: int | None
-    forward_pass: int
-    engine_step: int | None
-    positions: tuple[int, ...]
-    shape: tuple[int, ...]
-    ulp: int | None
-    max_abs_diff: float | None
-    inputs_equal: bool | None
-    pass_evidence: dict[str, Any] = field(default_factory=dict)
-    eager: bool | None = None
-    still_diverged: bool = True
-    note: str = ""
-    status: str = "localized"
-    kind: str = "out"
-    within: str = ""
-    op_class: str = "other"
-    confirmation: str = "not checked"
-    confirm_note: str = ""
-    depends_on: dict[str, Any] = field(default_factory=dict)
-    repro: str | None = None
-    rank: int | None = None  # the tensor-parallel rank it ran in (None: one process)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["positions"] = list(self.positions)
-        d["shape"] = list(self.shape)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LocalizedOp:
-        return cls(**{**d, "positions": tuple(d["positions"]), "shape": tuple(d["shape"])})
-
-    def describe(self) -> str:
-        """One line for the console, junit and a pytest failure message."""
-        op = self.op + (f" inside {self.within}" if self.within else "")
-        layer = f" (layer {self.layer})" if self.layer is not None else ""
-        if self.rank is not None:
-            layer += f" in rank {self.rank}"
-        line = (f"{_STATUS_HEADS.get(self.status, '')}{self.module or '<model>'} {op}{layer} at {self._where()}, "
-                f"positions {position_ranges(self.positions)}, shape {list(self.shape)}: {self._size()}, "
-                f"{_INPUTS[self.inputs_equal]}; pass: {self._pass()}")
-        tail = [self._confirmed(), self._rerun(), f"; {self.note}" if self.note else ""]
-        return line + "".join(tail)
-
-    def _where(self) -> str:
-        return f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")
-
-    def _size(self) -> str:
-        size = f"{self.ulp} ULP" if self.ulp is not None else "differs"
-        return size + (f", max abs {self.max_abs_diff:.3g}" if self.max_abs_diff is not None else "")
-
-    def _pass(self) -> str:
-        """What shared the pass: prefill or decode for the target, and the pass's sizes."""
-        ev = self.pass_evidence
-        shared = ", ".join(f"{k} {ev[k]}" for k in _SHARED if k in ev)
-        kind = ("prefill" if ev["target_is_prefill"] else "decode") if "target_is_prefill" in ev else ""
-        return ", ".join(x for x in (kind, shared) if x)
-
-    def _confirmed(self) -> str:
-        """A named op's class and confirmation, with the launch quantities that differed."""
-        if self.status != "localized":
-            return ""
-        depends = ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items())
-        return f"; {self.op_class}; {self.confirmation}" + (f" ({depends})" if depends else "")
-
-    def _rerun(self) -> str:
-        if self.eager:
-            return "; rerun eager" + ("" if self.still_diverged else " (no longer diverged)")
-        return "" if self.still_diverged else "; the rerun's outputs did not diverge"
-
-
-def position_ranges(positions: Sequence[int]) -> str:
-    """[3, 4, 5, 9] -> "3-5, 9" (positions in order; "-" for none)."""
-    runs: list[list[int]] = []
-    for p in positions:
-        if runs and p == runs[-1][-1] + 1:
-            runs[-1].append(p)
-        else:
-            runs.append([p])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
 
 
 # --- optional capabilities: each a protocol an engine implements, or not -------------------------

@@ -26,8 +26,7 @@ def localized_line(d: DivergenceRecord) -> str | None:
         text += f", layer {lo.layer}"
     if lo.rank is not None:
         text += f", rank {lo.rank}"
-    if lo.forward_pass is not None:
-        text += f", pass {lo.forward_pass}"
+    text += f", pass {lo.forward_pass}"
     if not lo.still_diverged:
         text += " (the divergence did not reproduce there)"
     return text
@@ -35,8 +34,8 @@ def localized_line(d: DivergenceRecord) -> str | None:
 
 def localized_cells(d: DivergenceRecord) -> dict[str, str]:
     """The localized op's fields as table cells (empty strings when absent)."""
-    values = {} if d.localized_op is None else d.localized_op.model_dump(include=set(LOCALIZED_FIELDS))
-    return {k: _cell(values.get(k)) for k in LOCALIZED_FIELDS}
+    lo = d.localized_op
+    return {k: _cell(None if lo is None else getattr(lo, k)) for k in LOCALIZED_FIELDS}
 
 
 def _cell(v: object) -> str:

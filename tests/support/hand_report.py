@@ -10,7 +10,8 @@ from oracle.report import CheckResult, DivergenceRecord, Report
 HOSTILE = "evil\x1b[31mRED\x07\x00<b>bold</b>`code`|cell\ud800\x0c&amp;"
 
 LOCALIZED = {"module": "model.layers.1.mlp.down_proj", "op": "aten::mm", "layer": 1, "forward_pass": 3,
-             "engine_step": 4, "ulp": 2, "max_abs_diff": 1.5e-7, "eager": True, "still_diverged": True}
+             "engine_step": 4, "positions": [5, 6], "shape": [8, 64], "ulp": 2, "max_abs_diff": 1.5e-7,
+             "inputs_equal": True, "eager": True, "still_diverged": True}
 
 COVERAGE = {"batched": 12, "chunked_prefill": 5, "prefix_cache_hit": 0}
 

@@ -138,10 +138,26 @@ def test_no_import_circle_in_oracle() -> None:
         f"{' -> '.join(circle_through(graph, component))}   (all of: {', '.join(component)})" for component in found)
 
 
-def test_the_engine_contract_imports_nothing_of_oracle() -> None:
+def test_the_engine_contract_imports_only_the_localized_op_which_imports_nothing_of_oracle() -> None:
     """The contract is the floor every other module stands on (docs/architecture.md): it names no oracle module,
-    not even for typing, so the capture's types it passes are declared in it."""
-    assert import_graph()["oracle.engines.contract"] == set()
+    not even for typing, but `oracle.localized_op`, the answer it passes, which the report holds too; that module
+    names none at all. So the capture's types are declared in the contract, and the report loads no engine."""
+    graph = import_graph()
+    assert graph["oracle.engines.contract"] == {"oracle.localized_op"}
+    assert graph["oracle.localized_op"] == set()
+
+
+def test_the_report_reaches_no_engine() -> None:
+    """report.json's model (and so the pytest plugin and the views that load it) imports nothing of the engines,
+    counting every import on the way: the localized op it holds comes from `oracle.localized_op`."""
+    graph = import_graph()
+    seen, todo = set(), ["oracle.report"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    assert not {m for m in seen if m.startswith("oracle.engines")}, sorted(seen)
 
 
 def test_a_function_level_or_type_only_import_closes_a_circle(tmp_path: Path) -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from oracle.cli import main
 from oracle.config import parse_config
+from oracle.localized_op import LocalizedOp
 from oracle.render.html import render_html
 from oracle.render.markdown import render_markdown
-from oracle.report import LocalizedOpRecord, VarianceMap, load_report
+from oracle.report import VarianceMap, load_report
 from oracle.runner import run
 from oracle.variance_map import map_changes, map_rows, module_pattern, pinned_ops
 
@@ -110,9 +111,9 @@ def test_no_map_without_localize(tiny_qwen3: Path, tmp_path: Path) -> None:
     assert report.variance_map is None and "variance map" not in render_markdown(report)
 
 
-def _op(module: str, op: str, op_class: str, rows: tuple[int, int]) -> dict[str, Any]:
-    return LocalizedOpRecord(module=module, op=op, op_class=op_class, confirmation="confirmed",
-                             depends_on={"rows": list(rows)}).model_dump()
+def _op(module: str, op: str, op_class: str, rows: tuple[int, int]) -> LocalizedOp:
+    return LocalizedOp(module, op, None, 0, None, (), (), None, None, True, op_class=op_class,
+                       confirmation="confirmed", depends_on={"rows": list(rows)})
 
 
 def test_a_new_batch_variant_op_is_a_named_change() -> None:
