@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typing
 
+import pytest
 from test_shard_codec import full_result
 
 from oracle.config import ChecksConfig, parse_config
@@ -34,3 +35,13 @@ def test_check_runs_are_the_enabled_checks_own_runs_in_table_order() -> None:
     assert list(runs) == ["prefill_decode", "seeded_sampling"]
     assert all(isinstance(r, CheckRun) for r in runs.values())
     assert runs["prefill_decode"] is CHECKS["prefill_decode"].runs
+
+
+def test_a_check_whose_runs_keep_a_type_with_no_encoding_fails_when_the_codec_is_built() -> None:
+    from typing import TypedDict
+
+    from oracle.shards.codec import codec_for
+
+    grown = TypedDict("grown", {**check_data(), "new_check": set[int]}, total=False)  # type: ignore[misc]
+    with pytest.raises(TypeError, match=r"ModeResult\.checks\.new_check: type set\[int\] has no JSON encoding"):
+        codec_for(ModeResult, retype={**MODE_RETYPE, (ModeResult, "checks"): grown})
