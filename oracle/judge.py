@@ -41,6 +41,7 @@ from oracle.report import (
     ProbeNotFormed,
     TrialRecord,
 )
+from oracle.report_sections import HazardRecord, PostureRecord, environment_json
 from oracle.schedule import Trial
 from oracle.tp_parity import TP_PARITY, judge_parity, run_size
 
@@ -203,12 +204,12 @@ def _solo_verdict(runs: Runs, name: str, requirement: str, ev: dict[str, Any], r
                                       f"{ev['trials_batched']} batched"))
 
 
-def _hazard_crossings(runs: Runs, hazard: Mapping[str, Any]) -> list[int]:
+def _hazard_crossings(runs: Runs, hazard: HazardRecord) -> list[int]:
     """The invariant trials (judged ones) that crossed the threshold of one matched hazard (`environment.hazards`)."""
     from oracle.posture.probes import crossed
 
     inv = runs.inv
-    specs = [spec_of(label) for label in hazard.get("probes") or ()]
+    specs = [spec_of(label) for label in hazard.probes]
     if inv is None or not specs:
         return []
     return [tid for tid in runs.judged_ids if tid in inv.trials
@@ -223,32 +224,37 @@ def spec_of(label: str) -> Any:
     return ProbeSpec(name, int(at)) if eq and at.isdigit() else ProbeSpec(name)
 
 
-def _untested_why(runs: Runs, hazard: Mapping[str, Any]) -> str:
-    labels = [str(p) for p in hazard.get("probes") or ()]
+def _untested_why(runs: Runs, hazard: HazardRecord) -> str:
+    labels = hazard.probes
     if not labels:
         return "the hazard names no probe that crosses its threshold"
     if runs.config.schedule.probes == "none":
-        return f"schedule.probes is none, and no drawn trial crossed it ({hazard.get('threshold')})"
+        return f"schedule.probes is none, and no drawn trial crossed it ({hazard.threshold})"
     limits = [f"{side}: {limit}" for side, limit in runs.unformed_probes
               if side.partition(":")[0] in labels]
     if limits:
         return "its probes could not be formed: " + "; ".join(limits)
-    return f"no trial of its probes ({', '.join(labels)}) ran over the threshold ({hazard.get('threshold')})"
+    return f"no trial of its probes ({', '.join(labels)}) ran over the threshold ({hazard.threshold})"
 
 
 def untested_hazards(runs: Runs) -> dict[str, str]:
     """hazard id -> why no trial crossed its threshold, for each hazard the invariant posture matches (not merely
     possible): while one is untested, invariance cannot pass."""
-    return {str(h.get("id")): _untested_why(runs, h) for h in runs.environment.get("hazards") or ()
-            if isinstance(h, Mapping) and h.get("match") == "matches" and not _hazard_crossings(runs, h)}
+    return {h.id: _untested_why(runs, h) for h in _hazards(runs)
+            if h.match == "matches" and not _hazard_crossings(runs, h)}
 
 
-def _hazard_record(runs: Runs, h: Mapping[str, Any]) -> HazardProbesRecord:
-    labels = [str(p) for p in h.get("probes") or ()]
+def _hazards(runs: Runs) -> list[HazardRecord]:
+    """The known hazards the invariant posture matched (`environment.hazards`)."""
+    return [HazardRecord.model_validate(h) for h in runs.environment.get("hazards") or ()]
+
+
+def _hazard_record(runs: Runs, h: HazardRecord) -> HazardProbesRecord:
+    labels = h.probes
     crossed_by = _hazard_crossings(runs, h)
     planned = sorted({t.probe for t in runs.trials.values() if t.probe.partition(":")[0] in labels})
     return HazardProbesRecord(
-        id=str(h.get("id")), match=h.get("match", "possible"), threshold=str(h.get("threshold", "")),
+        id=h.id, match=h.match, threshold=h.threshold,
         probes=labels, sides=planned, crossed_by=crossed_by,
         not_formed=[ProbeNotFormed(probe=side, limit=limit) for side, limit in runs.unformed_probes
                     if side.partition(":")[0] in labels],
@@ -259,7 +265,7 @@ def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[
     """Per known hazard the run matched: its probes, the trials that crossed its threshold, the probe sides the
     engine's limits ruled out, and why it went untested (the report's `hazard_probes`)."""
     runs = replace(runs, unformed_probes=tuple(unformed))
-    return [_hazard_record(runs, h) for h in runs.environment.get("hazards") or () if isinstance(h, Mapping)]
+    return [_hazard_record(runs, h) for h in _hazards(runs)]
 
 
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
@@ -532,7 +538,7 @@ def _golden_environment_changes(runs: Runs, pinned: Mapping[str, Any]) -> dict[s
     """What changed in the environment since the golden file was written, in the fields it pins."""
     from oracle.golden import environment_changes
 
-    changed = environment_changes(pinned.get("environment", {}), dict(runs.environment))
+    changed = environment_changes(pinned.get("environment", {}), environment_json(runs.environment))
     return {k: v for k, v in changed.items() if not k.startswith(_GOLDEN_UNPINNED)}
 
 
@@ -551,10 +557,12 @@ def golden(runs: Runs, requirement: str) -> Judged:
     prompts = {t.name: t.token_ids for t in runs.targets}
     diffs = compare_golden(dict(runs.golden), refs, prompts)
     changed = _golden_environment_changes(runs, runs.golden)
+    posture = runs.environment.get("posture")
     ev = {"targets": len(refs), "differing": diffs, "environment_changes": changed,
           "config_digest": {"golden": runs.golden.get("config_digest"), "now": runs.config.digest()},
           "posture_digest": {"golden": runs.golden.get("posture_digest"),
-                             "now": (runs.environment.get("posture") or {}).get("digests", {}).get("invariant")}}
+                             "now": None if posture is None else
+                             PostureRecord.model_validate(posture).digests.get("invariant")}}
     if not refs:
         return Judged(CheckResult.vacuous("golden", requirement, evidence=ev,
                                   message="no reference completed"))

@@ -17,6 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from oracle.localized_op import LocalizedOp
 from oracle.redaction import redact_document, redact_tree, scrub_text
+from oracle.report_sections import (
+    EnvironmentDict,
+    ExampleDbSection,
+    HazardRecord,
+    PostureRecord,
+    SearchSection,
+    ShardSection,
+    ShardSlice,
+)
 
 Verdict = Literal["pass", "fail", "vacuous", "error", "skipped"]
 Requirement = Literal["required", "warn", "report"]
@@ -205,21 +214,22 @@ class Report(_Model):
     seed: int = Field(ge=0)
     config: dict[str, Any]
     config_digest: str = Field(pattern="^[0-9a-f]{64}$")
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: EnvironmentDict = Field(default_factory=dict, description="where the run ran: versions, the "
+                                         "machine, the engines per mode, their posture and the hazards it matched")
     checks: list[CheckResult] = Field(default_factory=list)
     divergences: list[DivergenceRecord] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
     schedule: list[TrialRecord] = Field(default_factory=list, description="every trial run, replayable by id")
     coverage: dict[str, int] = Field(default_factory=dict, description="condition -> trials that hit it")
-    search: dict[str, Any] = Field(default_factory=dict, description="the guided search (schedule.search): "
-                                   "trials asked and run, the hypothesis seed, the best value of each target, "
-                                   "failing search trials")
-    example_db: dict[str, Any] = Field(default_factory=dict, description="the example database (--db): path, "
-                                       "key, trials replayed first, saved and deleted")
-    shard: dict[str, Any] = Field(default_factory=dict, description="`oracle run --shard i/N`: index, count, "
-                                  "schedule_size and this shard's trial ids; its checks cover those trials only and "
-                                  "it exits 0 once complete: `oracle merge` gives the run's verdict. For a merged "
-                                  "report: the shards merged")
+    search: SearchSection = Field(default=None, description="the guided search (schedule.search): trials asked "
+                                  "and run, the hypothesis seed, the best value of each target, failing search "
+                                  "trials; `{}` without one")
+    example_db: ExampleDbSection = Field(default=None, description="the example database (--db): path, key, "
+                                         "trials replayed first, saved and deleted; `{}` without one")
+    shard: ShardSection = Field(default=None, description="`oracle run --shard i/N`: index, count, schedule_size "
+                                "and this shard's trial ids; its checks cover those trials only and it exits 0 once "
+                                "complete: `oracle merge` gives the run's verdict. For a merged report: the shards "
+                                "merged; `{}` for a run that was not sharded")
     hazard_probes: list[HazardProbesRecord] = Field(default_factory=list, description="known hazards the "
                                                     "invariant posture matched, the trials that crossed each")
     variance_map: VarianceMap | None = Field(default=None, description="checks.drift.localize: production's "
@@ -258,7 +268,7 @@ class Report(_Model):
             return self._error_exit_code if self._error_exit_code is not None else EXIT_ENGINE
         if not self.complete:
             return EXIT_ENGINE
-        if self.shard.get("count") is not None and self.shard.get("index") is not None:
+        if isinstance(self.shard, ShardSlice):
             return EXIT_OK  # one shard's slice: its results are whole; the merged report holds the verdict
         return EXIT_FAILED if any(c.blocks for c in self.checks) else EXIT_OK
 
@@ -287,6 +297,17 @@ class Report(_Model):
     @property
     def partial(self) -> bool:
         return not self.complete
+
+    @property
+    def posture(self) -> PostureRecord | None:
+        """`environment.posture`: the engines' posture per mode (None before an engine ran)."""
+        posture = self.environment.get("posture")
+        return None if posture is None else PostureRecord.model_validate(posture)
+
+    @property
+    def hazards(self) -> list[HazardRecord]:
+        """`environment.hazards`: the known hazards the invariant posture matched."""
+        return [HazardRecord.model_validate(h) for h in self.environment.get("hazards") or ()]
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)

@@ -29,6 +29,7 @@ from oracle.judge import Runs, check_runs, coverage, hazard_probes, judge, modes
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
+from oracle.report_sections import ExampleDbRecord, SearchRecord, SearchStopped, ShardSlice
 
 if TYPE_CHECKING:
     from oracle.render.files import ReportWriter
@@ -151,7 +152,8 @@ def _started_report(config: Config, plan: Plan) -> Report:
     report.environment.update(model_dir=str(plan.model_dir), targets=len(plan.targets), trials=len(plan.trials),
                               target_names=[t.name for t in plan.targets])
     if plan.shard is not None:
-        report.shard = {k: v for k, v in plan.shard.to_json().items() if k != "repeats"}
+        report.shard = ShardSlice(index=plan.shard.index, count=plan.shard.count,
+                                  schedule_size=plan.shard.schedule_size, trials=list(plan.shard.trial_ids))
         report.environment["trials"] = plan.shard.schedule_size
     return report
 
@@ -244,14 +246,14 @@ def _trials_run(plan: Plan, inv: ModeResult | None) -> dict[int, Trial]:
     return trials
 
 
-def _search_summary(plan: Plan, inv: ModeResult | None) -> dict[str, Any] | None:
+def _search_summary(plan: Plan, inv: ModeResult | None) -> SearchRecord | SearchStopped | None:
     """The guided search's summary for the report; a search stopped before it finished says so."""
     if inv is None:
         return None
     if inv.search is not None:
         return inv.search.summary()
     if inv.search_trials:
-        return {"asked": plan.config.schedule.search.trials, "run": len(inv.search_trials), "stopped": True}
+        return SearchStopped(asked=plan.config.schedule.search.trials, run=len(inv.search_trials), stopped=True)
     return None
 
 
@@ -275,19 +277,19 @@ def match_posture_hazards(plan: Plan, report: Report) -> None:
     from oracle.plan import hazard_inputs
     from oracle.posture.hazards import hazards_for, match_hazards
 
-    posture = report.environment.get("posture")
-    invariant = posture["modes"].get("invariant") if isinstance(posture, dict) else None
+    posture = report.posture
+    invariant = posture.modes.get("invariant") if posture is not None else None
     if invariant is None:
         return
     model, sampling = hazard_inputs(plan.config, plan.model)
-    report.environment["hazards"] = [m.to_json() for m in match_hazards(invariant, model, sampling,
-                                                                        hazards_for(plan.config))]
+    report.environment["hazards"] = [m.record() for m in match_hazards(invariant.model_dump(), model, sampling,
+                                                                       hazards_for(plan.config))]
 
 
 def record_posture(plan: Plan, report: Report) -> None:
     """Cite the hazards the invariant posture matched (`environment.hazards`) on every invariant-mode
     divergence (`evidence.known_hazards`)."""
-    cited = [f"{h['id']} ({', '.join(h['references'])})" for h in report.environment.get("hazards") or ()]
+    cited = [h.cite() for h in report.hazards]
     for d in report.divergences if cited else ():
         if d.mode == "invariant":
             d.evidence["known_hazards"] = cited
@@ -301,8 +303,8 @@ def update_db(db: Any, plan: Plan, inv: ModeResult | None, report: Report) -> No
     found = [d for d in report.divergences if d.check == "invariance"]
     failing = [Trial.from_json(d.trial.model_dump()) for d in found if d.trial is not None]
     done = db.update(failing, _passed_replays(plan, inv, {d.trial_id for d in found}))
-    report.example_db = {"path": str(db.path), "key": db.key, "replayed": [t.trial_id for t in plan.replayed],
-                         **done}
+    report.example_db = ExampleDbRecord(path=str(db.path), key=db.key, replayed=[t.trial_id for t in plan.replayed],
+                                        **done)
 
 
 def _passed_replays(plan: Plan, inv: ModeResult | None, failed_ids: set[int | None]) -> list[Trial]:
@@ -323,7 +325,7 @@ def record_golden(config: Config, golden_file: Path, observer: Observer | None =
     engine = start_engine(config.engine, plan.model_dir, "invariant")
     env = collect_environment()
     env["engines"] = {"invariant": engine.describe()}
-    env["posture"] = report_posture(env["engines"])
+    env["posture"] = report_posture(env["engines"]).model_dump(mode="json")  # a golden file holds plain JSON
     refs: dict[str, Completion] = {}
     observer.phase("record", len(plan.targets))
     try:

@@ -31,6 +31,7 @@ from typing import Any
 from oracle.compare import Divergence
 from oracle.config import ScheduleConfig
 from oracle.engines.contract import Completion
+from oracle.report_sections import SearchRecord
 from oracle.schedule import Filler, Trial
 
 # A search trial -> the target's completion and its first divergence from the solo run (None: equal).
@@ -57,10 +58,11 @@ class SearchOutcome:
     failing: tuple[int, ...] = ()  # trial ids
     best: dict[str, float] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
-        return {"asked": self.asked, "run": len(self.trials), "hypothesis_seed": self.seed,
-                "failing_trials": list(self.failing), "best": dict(self.best),
-                "trial_ids": [t.trial_id for t in self.trials]}
+    def summary(self) -> SearchRecord:
+        """The report's `search` section."""
+        return SearchRecord(asked=self.asked, run=len(self.trials), hypothesis_seed=self.seed,
+                            failing_trials=list(self.failing), best=dict(self.best),
+                            trial_ids=[t.trial_id for t in self.trials])
 
 
 def search_seed(seed: int) -> int:

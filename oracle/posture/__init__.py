@@ -15,10 +15,10 @@ import hashlib
 import importlib.metadata
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-UNKNOWN = "unknown"
+from oracle.report_sections import UNKNOWN, HazardRecord, ModePosture, PostureRecord
 
 # The keys of every posture, in the order they are shown.
 FIELDS = (
@@ -150,11 +150,11 @@ def posture_digest(postures: dict[str, dict[str, Any]]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def report_posture(engines: dict[str, Any]) -> dict[str, Any]:
+def report_posture(engines: dict[str, Any]) -> PostureRecord:
     """`environment.posture` of a report: each mode's posture and the digest over them."""
     modes = {m: posture_of(d) for m, d in engines.items() if isinstance(d, dict)}
-    return {"modes": modes, "digest": posture_digest(modes),
-            "digests": {m: posture_digest({m: p}) for m, p in modes.items()}}
+    return PostureRecord(modes={m: ModePosture(**p) for m, p in modes.items()}, digest=posture_digest(modes),
+                         digests={m: posture_digest({m: p}) for m, p in modes.items()})
 
 
 def installed_version(*distributions: str) -> str:
@@ -277,25 +277,20 @@ def posture_lines(posture: dict[str, Any]) -> list[str]:
     return lines
 
 
-def summary_line(environment: dict[str, Any]) -> str | None:
+def summary_line(posture: PostureRecord | None) -> str | None:
     """`posture 1a2b... (invariant 3c4d..., production 5e6f...): vllm 0.32.0 on cpu, ...` for the summaries."""
-    posture = environment.get("posture")
-    if not isinstance(posture, dict) or not isinstance(posture.get("modes"), dict):
+    if posture is None:
         return None
-    digests = posture.get("digests") or {}
-    per_mode = ", ".join(f"{m} {d}" for m, d in digests.items())
-    inv: dict[str, Any] = posture["modes"].get("invariant") or next(iter(posture["modes"].values()), {})
-    what = (f"{inv.get('engine', UNKNOWN)} {inv.get('engine_version', UNKNOWN)} on {inv.get('device', UNKNOWN)}, "
-            f"attention {inv.get('attention_backend', UNKNOWN)}")
-    return f"posture {posture.get('digest')} ({per_mode}): {what}"
+    per_mode = ", ".join(f"{m} {d}" for m, d in posture.digests.items())
+    inv = posture.modes.get("invariant") or next(iter(posture.modes.values()), ModePosture())
+    what = f"{inv.engine} {inv.engine_version} on {inv.device}, attention {inv.attention_backend}"
+    return f"posture {posture.digest} ({per_mode}): {what}"
 
 
-def hazard_summary_lines(environment: dict[str, Any]) -> list[str]:
+def hazard_summary_lines(hazards: Sequence[HazardRecord]) -> list[str]:
     """One line per known hazard the run's invariant posture matched (`environment.hazards`)."""
     lines = []
-    for h in environment.get("hazards") or ():
-        if isinstance(h, dict):
-            head = "known not to hold" if h.get("match") == "matches" else "may not hold"
-            refs = ", ".join(str(r) for r in h.get("references", ()))
-            lines.append(f"invariance claimed, {head}: {h.get('id')}: {h.get('title')}; {refs}")
+    for h in hazards:
+        head = "known not to hold" if h.match == "matches" else "may not hold"
+        lines.append(f"invariance claimed, {head}: {h.id}: {h.title}; {', '.join(h.references)}")
     return lines

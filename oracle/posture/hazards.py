@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from oracle.config import error_text
 from oracle.errors import ConfigError
 from oracle.posture import UNKNOWN
+from oracle.report_sections import HazardRecord, HazardStatus
 
 Match = Literal["matches", "possible"]
 
@@ -65,7 +66,7 @@ class Hazard:
     when: dict[str, Any]
     threshold: str
     references: tuple[str, ...]
-    status: str
+    status: HazardStatus
     probes: tuple[ProbeSpec, ...] = ()  # the strata that put trials on both sides of the threshold
     source: str = "hazards.yaml"  # the file that declared it (the shipped table, or the config's `hazards`)
 
@@ -80,11 +81,12 @@ class HazardMatch:
     match: Match
     unknown: tuple[str, ...]  # the conditions whose setting the engine did not report
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> HazardRecord:
+        """How the report holds it (`environment.hazards`)."""
         h = self.hazard
-        return {"id": h.id, "title": h.title, "match": self.match, "unknown": list(self.unknown),
-                "references": list(h.references), "status": h.status, "threshold": h.threshold,
-                "probes": [p.label for p in h.probes], "source": h.source}
+        return HazardRecord(id=h.id, title=h.title, match=self.match, unknown=list(self.unknown),
+                            references=list(h.references), status=h.status, threshold=h.threshold,
+                            probes=[p.label for p in h.probes], source=h.source)
 
     def line(self) -> str:
         why = f" (if {', '.join(self.unknown)} as listed: not reported by the engine)" if self.unknown else ""
@@ -137,7 +139,7 @@ class HazardEntry(_Strict):
     when: dict[str, Any] = Field(description="conditions on the invariant posture, model.*, sampling.*, env.*")
     threshold: str = Field(min_length=1, description="where the break switches on, in words")
     references: list[str] = Field(min_length=1)
-    status: Literal["open", "fixed", "mitigated"] = "open"
+    status: HazardStatus = "open"
     probes: list[Any] = Field(default_factory=list, description="probes that cross the threshold: a probe's name, "
                               "or {pass_tokens: N} / {pass_bytes: N}")
 

@@ -181,10 +181,10 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
     """The engine error, the run's posture and hazards, where the report is, the time and the exit code."""
     if report.error:
         console.print(f"engine error: {terminal_text(report.error)}", style="red")
-    posture = summary_line(report.environment)
+    posture = summary_line(report.posture)
     if posture:
         console.print(terminal_text(posture))
-    for line in hazard_summary_lines(report.environment):
+    for line in hazard_summary_lines(report.hazards):
         console.print(terminal_text(line), style="yellow")
     tm = report.timings
     console.print(f"report: {terminal_text(report_path)}   time: {tm.get('total_s', 0):.1f}s "

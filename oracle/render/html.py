@@ -291,7 +291,8 @@ def render_html(report: Report, report_path: str = "report.json") -> str:
     with_op = any(d.localized_op is not None for d in divs)
     loc_head = "<th>first diverging op</th><th>layer</th><th>pass</th>" if with_op else ""
     div_rows = "".join(_divergence_row(d, with_op) for d in divs[:200])
-    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{_env_cell(v)}</td></tr>" for k, v in report.environment.items()
+    environment = report.to_dict()["environment"]  # as written: the typed sections (posture, hazards) as JSON
+    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{_env_cell(v)}</td></tr>" for k, v in environment.items()
                        if k != "target_names")
     err = f'<p class="error">engine error: {e(report.error)}</p>' if report.error else ""
     return f"""<!doctype html>

@@ -95,10 +95,10 @@ def _head(report: Report) -> list[str]:
     spent = timing_line(report.timings)
     if spent:
         lines += ["", markdown_text(spent)]
-    posture = summary_line(env)
+    posture = summary_line(report.posture)
     if posture:
         lines += ["", markdown_text(posture)]
-    lines += [f"- **{markdown_text(x)}**" for x in hazard_summary_lines(env)]
+    lines += [f"- **{markdown_text(x)}**" for x in hazard_summary_lines(report.hazards)]
     return lines
 
 

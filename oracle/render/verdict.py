@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from oracle.report import EXIT_FAILED, EXIT_OK, PROBLEM_VERDICTS, CheckResult, DivergenceRecord, Report
+from oracle.report_sections import ShardSlice
 
 ShownVerdict = Literal["pass", "fail", "vacuous", "error", "skipped", "reported"]
 # How loud a check's row is: `blocking` (it fails the run), `notice` (a warning, a report-only finding,
@@ -79,8 +80,8 @@ def headline(report: Report) -> str:
     """`passed`, `passed with warnings`, `failed` or `error`, plus `partial` when the run did not finish. A
     shard's slice that ran whole has no verdict of its own: it says which shard it is and that the merge judges."""
     code = report.exit_code()
-    index, count = report.shard.get("index"), report.shard.get("count")
-    if index is not None and count is not None and report.complete and report.error is None:
+    if isinstance(report.shard, ShardSlice) and report.complete and report.error is None:
+        index, count = report.shard.index, report.shard.count
         return f"shard {index}/{count} of seed {report.seed} ran (exit {code}): merge the shards to judge"
     word = {"pass": "passed", "fail": "failed", "error": "error"}[run_verdict(code)]
     if code == EXIT_OK and any(is_warning(c) for c in report.checks):

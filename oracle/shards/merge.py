@@ -37,6 +37,7 @@ from oracle.observer import Observer
 from oracle.plan import Plan
 from oracle.render.files import ReportWriter
 from oracle.report import Report, load_report
+from oracle.report_sections import MergedShard, MergedShards, ShardSlice
 from oracle.runner import View, finish, timed_views
 from oracle.schedule import Trial
 from oracle.shards.assign import assign
@@ -51,14 +52,14 @@ def _load(folder: Path) -> tuple[Report, ShardResults]:
         raise ConfigError(f"{path}: missing: the shard did not run, or this is not a shard's folder")
     report = load_report(path)  # bounded, regular files only (oracle.files)
     sh = report.shard
-    if "index" not in sh or "count" not in sh:
+    if not isinstance(sh, ShardSlice):
         raise ConfigError(f"{path}: not a shard's report (`oracle run CONFIG --shard i/N` writes one)")
     if not report.complete:
-        raise ConfigError(f"{path}: shard {sh['index']}/{sh['count']} is partial "
+        raise ConfigError(f"{path}: shard {sh.index}/{sh.count} is partial "
                           f"({report.error or 'not complete'}); run that shard again")
     results = load_results(folder)
     s = results.shard
-    if (s.index, s.count, results.seed, results.config_digest) != (sh["index"], sh["count"], report.seed,
+    if (s.index, s.count, results.seed, results.config_digest) != (sh.index, sh.count, report.seed,
                                                                      report.config_digest):
         raise ConfigError(f"{results.path}: belongs to another run than {path} (shard, seed or config differ)")
     return report, results
@@ -318,9 +319,9 @@ def _merged_report(shards: _Shards) -> Report:
     report = Report(oracle_version=r0.oracle_version, seed=r0.seed, config=dict(r0.config),
                     config_digest=r0.config_digest, environment=dict(r0.environment))
     ordered = shards.by_index()
-    report.shard = {"count": s0.shard.count, "shards": [
-        {"index": s.shard.index, "folder": str(f), "trials": len(s.shard.trial_ids),
-         **{k: v for k, v in r.timings.items() if k in _SHARD_TIMINGS}} for f, r, s in ordered]}
+    report.shard = MergedShards(count=s0.shard.count, shards=[
+        MergedShard(index=s.shard.index, folder=str(f), trials=len(s.shard.trial_ids),
+                    **{k: v for k, v in r.timings.items() if k in _SHARD_TIMINGS}) for f, r, s in ordered])
     report.timings.update(_summed_timings([r for _, r, _ in ordered]))
     return report
 

@@ -7,6 +7,7 @@ Needs two CUDA devices and vLLM: `pytest -m gpu tests/gpu/test_vllm_tp_cuda.py`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ pytestmark = [
 pytest.importorskip("vllm")
 
 from oracle.config import load_config  # noqa: E402
+from oracle.report_sections import ModePosture  # noqa: E402
 from oracle.runner import run  # noqa: E402
 
 CONFIG = Path(__file__).parents[2] / "configs" / "vllm-gpu-tp2.yaml"
@@ -39,19 +41,19 @@ def _run(model: Path, out: Path, **engine_args: object) -> object:
     return run(config, report_dir=out)
 
 
-def _checked_posture(report: object) -> dict[str, object]:
+def _checked_posture(report: Any) -> ModePosture:
     """What every TP 2 run must show, whatever its verdict: two ranks on two devices and the all-reduce
     they run, read from them; the hazard matched exactly where a rank runs the custom all-reduce."""
-    posture = report.environment["posture"]["modes"]["invariant"]  # type: ignore[attr-defined]
-    assert posture["tensor_parallel"] == 2
-    assert len(posture["rank_devices"]) == 2 and all(str(d).startswith("cuda") for d in posture["rank_devices"])
-    assert posture["all_reduce"] != "unknown"
-    cited = {h["id"]: h for h in report.environment.get("hazards") or ()}  # type: ignore[attr-defined]
-    if "custom" in str(posture["all_reduce"]):
-        assert cited[HAZARD]["match"] == "matches"
+    posture: ModePosture = report.posture.modes["invariant"]
+    assert posture.tensor_parallel == 2
+    assert len(posture.rank_devices) == 2 and all(str(d).startswith("cuda") for d in posture.rank_devices)
+    assert posture.all_reduce != "unknown"
+    cited = {h.id: h for h in report.hazards}
+    if "custom" in str(posture.all_reduce):
+        assert cited[HAZARD].match == "matches"
     else:
-        assert HAZARD not in cited or cited[HAZARD]["match"] != "matches"
-    return posture  # type: ignore[no-any-return]
+        assert HAZARD not in cited or cited[HAZARD].match != "matches"
+    return posture
 
 
 def _localized_or_said_why(report: object) -> None:
@@ -71,7 +73,7 @@ def test_tp2_with_the_custom_all_reduce_gives_a_decided_verdict_across_the_thres
     posture = _checked_posture(report)
     invariance = report.check("invariance")  # type: ignore[attr-defined]
     assert invariance is not None and invariance.verdict in ("pass", "fail"), invariance.message
-    if "custom" in str(posture["all_reduce"]):  # the hazard's probes put trials on both sides of 8 MiB
+    if "custom" in str(posture.all_reduce):  # the hazard's probes put trials on both sides of 8 MiB
         probes = {h.id: h for h in report.hazard_probes}  # type: ignore[attr-defined]
         assert probes[HAZARD].crossed_by, probes[HAZARD].untested
     if invariance.verdict == "fail":
@@ -85,7 +87,7 @@ def test_tp2_without_the_custom_all_reduce_passes_or_names_what_still_diverges(s
     report = _run(small_qwen3, tmp_path / "nccl", disable_custom_all_reduce=True)
     assert report.error is None, report.error  # type: ignore[attr-defined]
     posture = _checked_posture(report)
-    assert "custom" not in str(posture["all_reduce"])
+    assert "custom" not in str(posture.all_reduce)
     invariance = report.check("invariance")  # type: ignore[attr-defined]
     assert invariance is not None and invariance.verdict in ("pass", "fail"), invariance.message
     if invariance.verdict == "fail":

@@ -162,10 +162,11 @@ def test_shipped_vllm_cpu_config_has_a_passing_negative_control(small_qwen3: Pat
     assert report.error is None
     checks = {c.name: c for c in report.checks}
     assert checks["invariance"].verdict == "pass"
-    posture = report.environment["posture"]["modes"]
-    assert posture["production"]["env"].get("VLLM_CPU_ATTN_SPLIT_KV") != "0"
-    assert posture["invariant"]["env"]["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
-    assert posture["production"]["device"] == "cpu" and posture["production"]["engine_version"] == "0.32.0"
+    assert report.posture is not None
+    production, invariant = report.posture.modes["production"], report.posture.modes["invariant"]
+    assert isinstance(production.env, dict) and isinstance(invariant.env, dict)
+    assert production.env.get("VLLM_CPU_ATTN_SPLIT_KV") != "0" and invariant.env["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
+    assert production.device == "cpu" and production.engine_version == "0.32.0"
     # production is not the invariant engine: no rank of it ran oracle_kernels, every rank of invariant mode did
     # (solo logprobs alone cannot say so: where oneDNN falls back to torch's linear they may agree bit for bit)
     engines = report.environment["engines"]

@@ -65,11 +65,12 @@ def test_shipped_tp2_config_holds_invariance_in_both_ranks_and_production_drifts
     for r in invariant["ranks"]:
         assert r["kernels"] and r["plugin"] and "aten::mm" in r["ops"]["batch_variant_covered"]
     assert not any(r["kernels"] for r in report.environment["engines"]["production"]["ranks"])
-    posture = report.environment["posture"]["modes"]["invariant"]
-    assert posture["tensor_parallel"] == 2 and posture["rank_devices"] == ["cpu", "cpu"]
-    assert posture["all_reduce"].startswith(("cpu shm all-reduce", "torch.distributed ("))
-    assert posture["attention_backend"] == "CPU_ATTN"
-    assert not any("custom-all-reduce" in h["id"] for h in report.environment.get("hazards") or ())
+    assert report.posture is not None
+    posture = report.posture.modes["invariant"]
+    assert posture.tensor_parallel == 2 and posture.rank_devices == ["cpu", "cpu"]
+    assert str(posture.all_reduce).startswith(("cpu shm all-reduce", "torch.distributed ("))
+    assert posture.attention_backend == "CPU_ATTN"
+    assert not any("custom-all-reduce" in h.id for h in report.hazards)
     # tp_parity: invariant mode started again at TP 1 ran every target; the difference is reported, not required
     parity = checks["tp_parity"]
     assert parity.requirement == "report" and parity.verdict in ("pass", "fail"), parity.message

@@ -46,15 +46,16 @@ def test_failing_trials_are_replayed_first_by_the_next_run(fake_model: Path, tmp
                 example_db=db)
     assert first.exit_code() == 1
     failing = {d.trial_id for d in first.divergences if d.check == "invariance"}
-    assert first.example_db["saved"] == len(failing) and first.example_db["replayed"] == []
-    assert first.example_db["key"] == db_key(parse_config(band_config(fake_model, log)))
+    assert first.example_db is not None
+    assert first.example_db.saved == len(failing) and first.example_db.replayed == []
+    assert first.example_db.key == db_key(parse_config(band_config(fake_model, log)))
 
     # The schedule alone passes with this seed (test_search); the saved trials fail it, and run first.
     log.unlink()
     again = run(parse_config(band_config(fake_model, log)), seed=SEED, report_dir=tmp_path / "r2", example_db=db)
     assert again.exit_code() == 1
     replayed = [t for t in again.schedule if t.origin == "database"]
-    assert len(replayed) == len(failing) and again.example_db["replayed"] == [t.trial_id for t in replayed]
+    assert len(replayed) == len(failing) and again.example_db is not None and again.example_db.replayed == [t.trial_id for t in replayed]
     assert [t.trial_id for t in replayed] == list(range(50, 50 + len(replayed)))  # ids after the schedule's
     calls = [c for c in invariant_calls(log) if not c.startswith("solo-")]
     # Right after the solo references, before any trial of the schedule.
@@ -74,8 +75,9 @@ def test_a_replayed_trial_that_passes_is_forgotten(fake_model: Path, tmp_path: P
     assert store.stored(4) == [passing]
     report = run(config, seed=SEED, report_dir=tmp_path / "r", example_db=db)
     assert report.exit_code() == 0
-    assert report.example_db["replayed"] == [50] and report.example_db["deleted"] == 1
-    assert report.example_db["saved"] == 0 and store.stored(4) == []
+    assert report.example_db is not None
+    assert report.example_db.replayed == [50] and report.example_db.deleted == 1
+    assert report.example_db.saved == 0 and store.stored(4) == []
 
 
 def test_the_key_leaves_out_how_many_trials_and_where_but_not_what_they_mean(fake_model: Path, tmp_path: Path) -> None:

@@ -32,8 +32,8 @@ def test_a_stored_trial_with_absurd_token_counts_is_dropped(fake_model: Path, tm
     store = ExampleDB.open(tmp_path / "db", config)
     store._db().save(store.key.encode(), _encode(Trial(0, 0, 0, 0, (filler,))))
     report = run(config, report_dir=tmp_path / "r", example_db=tmp_path / "db")
-    assert report.example_db["replayed"] == []
-    assert any(field in w and "dropped" in w for w in report.example_db["warnings"]), report.example_db
+    assert report.example_db is not None and report.example_db.replayed == []
+    assert any(field in w and "dropped" in w for w in report.example_db.warnings or ()), report.example_db
     assert not [t for t in report.schedule if t.origin == "database"]
 
 
@@ -71,5 +71,5 @@ def test_a_folder_that_cannot_be_written_warns_and_claims_nothing_saved(fake_mod
         store.path.chmod(0o755)
     failing = [d for d in report.divergences if d.check == "invariance"]
     assert failing, "the fake engine diverges from batch 3: trials to save"
-    assert report.example_db["saved"] == 0
-    assert any("could not be saved" in w for w in report.example_db["warnings"]), report.example_db
+    assert report.example_db is not None and report.example_db.saved == 0
+    assert any("could not be saved" in w for w in report.example_db.warnings or ()), report.example_db

@@ -33,10 +33,11 @@ def test_a_custom_engine_of_odd_describe_shapes_runs_to_a_report(fake_model: Pat
                            "sampling": {"max_tokens": 2}, "schedule": {"trials": 2, "seed": 1}})
     report = run(config, report_dir=tmp_path / "r")
     assert report.complete and report.error is None, report.error
-    posture = report.environment["posture"]["modes"]["invariant"]
-    assert posture["engine_version"] == UNKNOWN and posture["tensor_parallel"] == UNKNOWN
-    assert posture["cuda_graphs"] == UNKNOWN and posture["dtype"] == UNKNOWN
-    assert posture["env"] == {"1": "a", "B": "['c']", "None": 2}
+    assert report.posture is not None
+    posture = report.posture.modes["invariant"]
+    assert posture.engine_version == UNKNOWN and posture.tensor_parallel == UNKNOWN
+    assert posture.cuda_graphs == UNKNOWN and posture.dtype == UNKNOWN
+    assert posture.env == {"1": "a", "B": "['c']", "None": 2}
     report.to_json()
 
 
@@ -55,5 +56,5 @@ def test_garbage_vllm_engine_args_read_unknown(args: dict[str, Any]) -> None:
 
 
 def test_a_count_given_as_text_is_read_as_a_count() -> None:
-    posture = report_posture({"invariant": {"engine": "x", "tensor_parallel": "2"}})["modes"]["invariant"]
-    assert posture["tensor_parallel"] == 2
+    posture = report_posture({"invariant": {"engine": "x", "tensor_parallel": "2"}}).modes["invariant"]
+    assert posture.tensor_parallel == 2

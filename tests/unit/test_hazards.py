@@ -101,14 +101,14 @@ def _fa3_config(model: Path, tmp_path: Path, **options: Any) -> dict[str, Any]:
 
 def test_report_carries_posture_hazard_and_divergences_cite_it(fake_model: Path, tmp_path: Path) -> None:
     report = run(parse_config(_fa3_config(fake_model, tmp_path, diverge_from_batch=5, diverge_step=1)))
-    posture = report.environment["posture"]
-    assert posture["modes"]["invariant"]["attention_backend"] == "FLASH_ATTN (FA3)"
-    assert len(posture["digest"]) == 16 and set(posture["digests"]) == {"invariant", "production"}
-    assert [h["id"] for h in report.environment["hazards"]] == ["vllm-fa3-head-dim-64"]
+    posture = report.posture
+    assert posture is not None and posture.modes["invariant"].attention_backend == "FLASH_ATTN (FA3)"
+    assert len(posture.digest) == 16 and set(posture.digests) == {"invariant", "production"}
+    assert [h.id for h in report.hazards] == ["vllm-fa3-head-dim-64"]
     inv = [d for d in report.divergences if d.check == "invariance"]
     assert inv and all(any("51902" in c for c in d.evidence["known_hazards"]) for d in inv)
     summary = render_markdown(report)
-    assert posture["digest"] in summary and "known not to hold: vllm-fa3-head-dim-64" in summary
+    assert posture.digest in summary and "known not to hold: vllm-fa3-head-dim-64" in summary
 
 
 def test_cli_summary_shows_posture_digest_and_hazard(fake_model: Path, tmp_path: Path,

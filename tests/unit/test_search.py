@@ -24,6 +24,7 @@ import yaml
 from oracle.cli import main as oracle_main
 from oracle.config import ScheduleConfig, parse_config
 from oracle.engines.contract import Completion, StepEvidence
+from oracle.report_sections import SearchRecord
 from oracle.runner import run
 from oracle.schedule import Trial
 from oracle.search import run_search, shape, split_tokens
@@ -50,7 +51,7 @@ def test_the_search_finds_the_planted_band_that_the_schedule_misses(fake_model: 
     alone = run(parse_config(band_config(fake_model, search=0)), seed=SEED, report_dir=tmp_path / "alone")
     invariance = next(c for c in alone.checks if c.name == "invariance")
     assert invariance.verdict == "pass", invariance.message  # the schedule alone misses it
-    assert alone.search == {} and all(t.origin == "schedule" for t in alone.schedule)
+    assert alone.search is None and all(t.origin == "schedule" for t in alone.schedule)
 
     found = run(parse_config(band_config(fake_model, search=200)), seed=SEED, report_dir=tmp_path / "search")
     invariance = next(c for c in found.checks if c.name == "invariance")
@@ -59,15 +60,16 @@ def test_the_search_finds_the_planted_band_that_the_schedule_misses(fake_model: 
     failing = [d for d in found.divergences if d.check == "invariance" and not d.shrunk]
     assert failing and {origins[d.trial_id] for d in failing} == {"search"}  # type: ignore[index]
     # Every search trial is in the report's schedule and counted in its coverage.
-    search_ids = found.search["trial_ids"]
-    assert found.search["asked"] == 200 and found.search["run"] == len(search_ids) == 200
+    assert isinstance(found.search, SearchRecord)
+    search_ids = found.search.trial_ids
+    assert found.search.asked == 200 and found.search.run == len(search_ids) == 200
     assert [t.trial_id for t in found.schedule if t.origin == "search"] == search_ids
     assert search_ids == list(range(50, 250))  # ids after the schedule's, shrink candidates after them
     assert found.coverage["search trials run"] == 200 and found.coverage["trials run"] == 250
-    assert sorted(found.search["failing_trials"]) == sorted(d.trial_id for d in failing)  # type: ignore[misc]
+    assert sorted(found.search.failing_trials) == sorted(d.trial_id for d in failing)  # type: ignore[misc]
     # The first failing search trial went to our shrinker; the smallest still packs a pass in the band.
     shrink = invariance.evidence["shrink"]
-    assert shrink["start_trial"] == found.search["failing_trials"][0]
+    assert shrink["start_trial"] == found.search.failing_trials[0]
     assert all(origins[i] == "shrink" for i in shrink["tried"]) and min(shrink["tried"]) == 250
     (smallest,) = [d for d in found.divergences if d.shrunk]
     start = next(t for t in found.schedule if t.trial_id == shrink["start_trial"])
@@ -84,8 +86,9 @@ def test_a_search_on_an_invariant_engine_passes_and_says_what_it_reached(fake_mo
     report = run(parse_config(band_config(fake_model, search=40, trials=10, band=(0, -1))), seed=3,
                  report_dir=tmp_path / "r")
     assert report.exit_code() == 0
-    assert report.search["run"] == 40 and not report.search["failing_trials"]
-    best = report.search["best"]
+    assert isinstance(report.search, SearchRecord)
+    assert report.search.run == 40 and not report.search.failing_trials
+    best = report.search.best
     assert best["sequences per pass"] >= 2 and best["packed query length"] > 0
     assert best["log2 ULP of the difference"] == 0.0
 
@@ -96,6 +99,7 @@ sys.path.insert(0, sys.argv[1])
 for m in sys.argv[5:]:
     __import__(m)
 from oracle.config import parse_config
+from oracle.report_sections import SearchRecord
 from oracle.runner import run
 cfg = json.loads(open(sys.argv[2]).read())
 report = run(parse_config(cfg), seed=int(sys.argv[3]), report_dir=__import__("pathlib").Path(sys.argv[4]))

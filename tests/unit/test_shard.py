@@ -17,6 +17,7 @@ from oracle.config import parse_config
 from oracle.errors import ConfigError
 from oracle.prompts import Target
 from oracle.render.files import write_formats
+from oracle.report_sections import ShardSlice
 from oracle.runner import run
 from oracle.schedule import Filler, Trial
 from oracle.shards.assign import assign, parse_shard, trial_cost
@@ -49,7 +50,7 @@ def _shards(data: dict[str, Any], tmp_path: Path, n: int) -> list[Path]:
     for i in range(n):
         folder = tmp_path / f"shard-{i}"
         report = run(parse_config(data), report_dir=folder, shard=(i, n))
-        assert report.shard["index"] == i and report.exit_code() == 0  # a whole shard exits 0: merge gives the verdict
+        assert isinstance(report.shard, ShardSlice) and report.shard.index == i and report.exit_code() == 0  # a whole shard exits 0: merge gives the verdict
         folders.append(folder)
     return folders
 
