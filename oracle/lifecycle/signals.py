@@ -5,11 +5,17 @@ the way out (closing engines, writing the partial report) runs for SIGTERM too. 
 is 128 + the signal number: 130 for SIGINT, 143 for SIGTERM. While `deferred()` is active
 (writing a report), a signal is held and raised when the block ends, so a report is never cut
 in half by the signal that asked for it.
+
+A signal that lands where Python swallows exceptions (a weakref callback such as the import lock's
+cleanup, a `__del__`, the garbage collector) would be lost: its `Interrupted` goes to
+`sys.unraisablehook` and the run goes on. The hook installed here takes it instead, says nothing, and
+sends the signal again from another thread, so it is raised once that frame has returned.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,16 +62,35 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
+def _swallowed(unraisable: Any) -> None:
+    """`sys.unraisablehook` while signals are handled: an `Interrupted` raised where Python ignores exceptions
+    is delivered again (see the module's docstring); anything else goes to the hook that was there."""
+    e = unraisable.exc_value
+    if not isinstance(e, Interrupted):
+        _previous_hook(unraisable)
+        return
+    if not _settled:
+        # From another thread, a moment later: raised here, in the hook, it would be swallowed again.
+        again = threading.Timer(0.01, signal.raise_signal, (e.signum,))
+        again.daemon = True
+        again.start()
+
+
+_previous_hook = sys.unraisablehook
+
+
 def install() -> dict[int, Any]:
     """(Re)arm: route SIGINT and SIGTERM to `Interrupted`; returns the previous handlers (for `restore`).
 
     A no-op outside the main thread (Python allows handlers only there).
     """
-    global _settled
+    global _settled, _previous_hook
     _settled = False
     _pending.clear()
     if threading.current_thread() is not threading.main_thread():
         return {}
+    if sys.unraisablehook is not _swallowed:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _swallowed
     return {s: signal.signal(s, _handler) for s in HANDLED}
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 SUPPORT = Path(__file__).parents[1] / "support"
@@ -124,3 +125,35 @@ def test_sigterm_to_the_parent_after_it_read_the_report_keeps_the_reports_code(f
     code, report, text = _run(fake_model, tmp_path, "parent_after_final")
     assert report["complete"] and report["exit_code"] == 0
     assert code == 0, text
+
+
+def test_a_signal_that_lands_where_python_swallows_exceptions_still_stops_the_run(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM handled inside a weakref callback (as the import lock's cleanup is): Python ignores the
+    callback's exception, so the `Interrupted` would be lost and the run go on. It is delivered again and
+    raised in the code that runs next, with nothing printed."""
+    import signal
+    import time
+    import weakref
+
+    from oracle.lifecycle import signals
+
+    class Held:
+        pass
+
+    def callback(_: object) -> None:
+        signal.raise_signal(signal.SIGTERM)  # the handler runs here, inside the callback
+        sum(range(100))
+
+    previous = signals.install()
+    try:
+        held = Held()
+        ref = weakref.ref(held, callback)
+        with pytest.raises(signals.Interrupted) as raised:
+            del held  # the callback runs now, and Python swallows what it raised
+            for _ in range(1000):  # the signal, sent again, is raised in one of these sleeps (10 s at most)
+                time.sleep(0.01)
+        assert raised.value.signum == signal.SIGTERM and ref() is None
+    finally:
+        signals.restore(previous)
+    assert "Exception ignored" not in capfd.readouterr().err
