@@ -122,4 +122,4 @@ def _run(ex: ModeExecution) -> None:
                  (), keep)
 
 
-TP_PARITY = CheckRun(InstanceRun, _run, lambda ex: ex.mode == "invariant" and ex.per_target)
+TP_PARITY = CheckRun(InstanceRun, _run, lambda ex: ex.mode == "invariant" and ex.per_target, after_close=True)

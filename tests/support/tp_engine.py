@@ -16,13 +16,23 @@ from oracle.engines.contract import Completion, Mode, Request
 
 
 class TpEngine(FakeEngine):
+    # Engines of this class open at once in this process, and the most there ever were (tests reset both).
+    live = 0
+    most_live = 0
+
     def __init__(self, model: Path, mode: Mode, *, tensor_parallel_size: int = 1, tp_exact: bool = False,
                  tp_from_step: int = 1, tp_flip: bool = False, **kwargs: Any) -> None:
         super().__init__(model, mode, **kwargs)
+        TpEngine.live += 1
+        TpEngine.most_live = max(TpEngine.most_live, TpEngine.live)
         self.tensor_parallel_size = tensor_parallel_size
         self.tp_moves = tensor_parallel_size > 1 and not tp_exact
         self.tp_from_step = tp_from_step
         self.tp_flip = tp_flip
+
+    def close(self) -> None:
+        TpEngine.live -= 1
+        super().close()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "tensor_parallel_size": self.tensor_parallel_size}

@@ -105,3 +105,16 @@ def test_shards_merge_to_the_unsharded_verdict(fake_model: Path, tmp_path: Path)
     a, b = whole.check("tp_parity"), merged.check("tp_parity")
     assert a is not None and b is not None
     assert (b.verdict, b.message, b.evidence) == (a.verdict, a.message, a.evidence)
+
+
+def test_the_second_size_starts_once_the_runs_own_engine_has_closed(fake_model: Path, tmp_path: Path) -> None:
+    """Two engines of one model at once could need twice the memory (a GPU's): the engine at the check's size
+    starts after invariant mode's own has closed, timed as its own phase."""
+    from tp_engine import TpEngine
+
+    TpEngine.live = TpEngine.most_live = 0
+    report = run(parse_config(_config(fake_model, tmp_path / "r")))
+    assert report.check("tp_parity").trials == 3  # type: ignore[union-attr]
+    assert TpEngine.most_live == 1 and TpEngine.live == 0
+    keys = list(report.timings)
+    assert keys.index("invariant_close_s") < keys.index("invariant_tp_parity_s")
