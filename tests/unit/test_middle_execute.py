@@ -42,8 +42,10 @@ class Builds:
         self.model, self.cls, self.options = model, cls, options
         self.engines: list[FakeEngine] = []
         self.closed: list[FakeEngine] = []
+        self.open_when_built: list[int] = []  # per engine: how many others were open when it was built
 
     def __call__(self, mode: Mode) -> Engine:
+        self.open_when_built.append(len(self.engines) - len(self.closed))
         engine = self.cls(self.model, mode, **self.options)
         close = engine.close
 
@@ -226,3 +228,16 @@ def test_generate_checks_every_request_once_before_any_engine_sees_it() -> None:
     engine = _Returns(raises=AssertionError("the engine was called"))
     with pytest.raises(ConfigError, match=r"^request r1: empty prompt$"):
         generate(engine, [REQ, Request("r1", (), SamplingParams(max_tokens=2))])
+
+
+def test_a_check_that_starts_its_own_engine_starts_it_once_the_modes_engine_has_closed(fake_model: Path) -> None:
+    """cross_instance's second engine of the mode runs after the first closed (never two of one model at once),
+    and what it ran is the check's, in the mode's result."""
+    plan = _plan(fake_model, cross_instance={"requirement": "required", "mode": "invariant", "trials": 2})
+    build = Builds(fake_model)
+    execution = ModeExecution(plan, "invariant", Observer(), build, build, check_runs=check_runs(plan.config))
+    execution.run()
+    result = execution.result()
+    assert len(build.engines) == 2 and build.open_when_built == [0, 0] and build.closed == build.engines
+    second = result.checks["cross_instance"]
+    assert set(second.solo) == {0, 1, 2} and len(second.trials) == 2
