@@ -58,7 +58,7 @@ def make_golden(references: dict[str, Completion], prompts: dict[str, tuple[int,
         "environment": environment,
         "targets": {
             name: {
-                "prompt_sha256": hashlib.sha256(json.dumps(list(prompts[name])).encode()).hexdigest(),
+                "prompt_sha256": _prompt_digest(prompts[name]),
                 "token_ids": c.token_ids,
                 "steps": step_digests(c),
             }

@@ -29,8 +29,11 @@ class LocalizedOp:
     """Where a target's bits first moved, inside the model: an engine's answer, and a report's `localized_op`."""
 
     # How pydantic reads this class inside the report (a plain dict, so this module imports no pydantic): the
-    # report's schema is generated from these fields, each one's description from the docstring below it.
-    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid", "use_attribute_docstrings": True}
+    # report's schema is generated from these fields, each one's description from the docstring below it. An
+    # engine's instance is checked (and numpy scalars made Python numbers) when the report takes it, not when
+    # report.json is written at the end of the run.
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid", "use_attribute_docstrings": True,
+                                                      "revalidate_instances": "always"}
 
     module: str
     """module path, e.g. model.layers.1.mlp.down_proj (for `inconclusive`, the narrowest bound)"""

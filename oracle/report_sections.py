@@ -231,6 +231,9 @@ ShardSection = Annotated[
     PlainSerializer(_none_as_empty, return_type=ShardSlice | MergedShards | Unused)]
 
 
+_ENVIRONMENT = TypeAdapter(EnvironmentDict)
+
+
 def environment_json(environment: Mapping[str, Any]) -> dict[str, Any]:
     """`environment` as report.json writes it (the typed sections as JSON), to compare with a golden file's."""
-    return TypeAdapter(EnvironmentDict).dump_python(dict(environment), mode="json")  # type: ignore[no-any-return]
+    return _ENVIRONMENT.dump_python(dict(environment), mode="json")  # type: ignore[no-any-return]

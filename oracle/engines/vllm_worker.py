@@ -454,8 +454,10 @@ def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dic
 
     now = engine.tap.passes[-1] if engine.tap.passes else {}
     me = now.get(target_rid)
+    if me is None:  # a pass without the target: no copy of its inputs to the host (a sync on CUDA)
+        return None
     flat = _flat_inputs(kwargs)
-    if me is None or flat is None:
+    if flat is None:
         return None
     positions, ids = flat
     starts = _row_starts(engine, now, positions, ids)

@@ -71,12 +71,19 @@ def _swallowed(unraisable: Any) -> None:
         return
     if not _settled:
         # From another thread, a moment later: raised here, in the hook, it would be swallowed again.
-        again = threading.Timer(0.01, signal.raise_signal, (e.signum,))
+        again = threading.Timer(0.01, _send_again, (e.signum,))
         again.daemon = True
         again.start()
 
 
+def _send_again(signum: int) -> None:
+    """The signal again, unless its handler is no longer ours (the block that handled it has ended)."""
+    if signal.getsignal(signum) is _handler:
+        signal.raise_signal(signum)
+
+
 _previous_hook = sys.unraisablehook
+_hooked = 0  # blocks that handle signals, nested: the hook is ours while any is open
 
 
 def install() -> dict[int, Any]:
@@ -84,19 +91,27 @@ def install() -> dict[int, Any]:
 
     A no-op outside the main thread (Python allows handlers only there).
     """
-    global _settled, _previous_hook
+    global _settled, _previous_hook, _hooked
     _settled = False
     _pending.clear()
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _hooked += 1
     if sys.unraisablehook is not _swallowed:
         _previous_hook, sys.unraisablehook = sys.unraisablehook, _swallowed
     return {s: signal.signal(s, _handler) for s in HANDLED}
 
 
 def restore(previous: dict[int, Any]) -> None:
+    """Put back what `install` replaced: the handlers it returned, and the unraisable hook once the outermost
+    block ends."""
+    global _hooked
     for s, h in previous.items():
         signal.signal(s, h)
+    if previous:
+        _hooked -= 1
+        if not _hooked and sys.unraisablehook is _swallowed:
+            sys.unraisablehook = _previous_hook
 
 
 @contextmanager

@@ -138,6 +138,7 @@ def run_child(argv: list[str], started: Report, report_dir: Path, config: Config
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        blob = config_handoff(config)  # before the child exists: a config that cannot be sent starts none
         # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
         # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
         proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env, pass_fds=(read_end, config_read),
@@ -148,7 +149,7 @@ def run_child(argv: list[str], started: Report, report_dir: Path, config: Config
         config_read = -1
         # After the start (a config larger than the pipe's buffer is read as it is written), on this thread.
         config_write, sending = -1, config_write
-        _send(sending, config_handoff(config))
+        _send(sending, blob)
         if signalled:  # arrived between the handler and the child's start
             proc.send_signal(signalled[0])
         returncode = proc.wait()

@@ -2,7 +2,9 @@
 vocabulary and the context length (no torch, no weights).
 
 `read_model_facts` reads the file once and keeps what each fact needs; the plan builds one `ModelFacts`
-and hands it on (prompts, probes, hazards, the size check), so no reader opens config.json again. A fact
+and hands it on (prompts, probes, hazards, the size check), so none of the plan's readers opens
+config.json again. (An engine is given only the model's folder: the native loader reads the facts once
+per engine it builds, and `oracle merge` once for its checks.) A fact
 the file does not give is None, never guessed. Each way of using the file keeps its own error, raised when
 that use asks for it, so a model that a run never needs a fact of is not refused for lacking it:
 

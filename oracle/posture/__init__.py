@@ -21,12 +21,7 @@ from typing import Any
 from oracle.report_sections import UNKNOWN, HazardRecord, ModePosture, PostureRecord
 
 # The keys of every posture, in the order they are shown.
-FIELDS = (
-    "engine", "engine_version", "device", "dtype", "invariance_mechanism", "attention_backend", "cuda_graphs",
-    "compile_mode", "async_scheduling", "chunked_prefill", "prefix_caching", "spec_decoding", "tensor_parallel",
-    "pipeline_parallel", "sequence_parallel", "all_reduce", "rank_devices", "sampler", "kv_cache_dtype",
-    "quantization", "linear_kernel", "env",
-)
+FIELDS = tuple(ModePosture.model_fields)  # one list: the report's model of a mode's posture
 
 # Environment variables that decide kernels, reductions or scheduling, read into `env`.
 POSTURE_ENV = (

@@ -157,3 +157,4 @@ def test_a_signal_that_lands_where_python_swallows_exceptions_still_stops_the_ru
     finally:
         signals.restore(previous)
     assert "Exception ignored" not in capfd.readouterr().err
+    assert sys.unraisablehook is not signals._swallowed  # put back once the block that handled signals ends

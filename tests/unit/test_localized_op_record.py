@@ -87,3 +87,22 @@ def test_the_contract_hands_engines_the_same_type() -> None:
     from oracle.engines import contract
 
     assert contract.LocalizedOp is LocalizedOp and "LocalizedOp" in contract.__all__
+
+
+def test_an_engines_op_is_checked_when_the_report_takes_it_not_when_the_run_ends() -> None:
+    """An engine built on numpy hands numpy numbers: they become Python numbers when the divergence takes the
+    op (report.json is written whole at the end), and a field of the wrong type is refused there and then."""
+    import numpy as np
+    import pydantic
+
+    from oracle.report import DivergenceRecord
+
+    record = next(d for d in hand_report().divergences if d.localized_op is not None)
+    fields = {**record.model_dump(), "localized_op": None}
+    numpy_op = dataclasses.replace(OP, ulp=np.int64(2), forward_pass=np.int64(3), max_abs_diff=np.float32(0.5))
+    taken = DivergenceRecord(**{**fields, "localized_op": numpy_op}).localized_op
+    assert taken is not None and (type(taken.ulp), type(taken.forward_pass), type(taken.max_abs_diff)) == (
+        int, int, float)
+    json.dumps(DivergenceRecord(**{**fields, "localized_op": numpy_op}).model_dump(mode="json"))
+    with pytest.raises(pydantic.ValidationError, match="ulp"):
+        DivergenceRecord(**{**fields, "localized_op": dataclasses.replace(OP, ulp="two")})  # type: ignore[arg-type]
