@@ -81,6 +81,26 @@ class ModePosture(_Section):
                                           "kernels, reductions or scheduling (oracle.posture.POSTURE_ENV)")
 
 
+# How invariant mode covers one class of ops (oracle.op_coverage.OP_CLASSES): `covered` by the mode's mechanism (ours
+# or the engine's own), `uncovered` (it runs a kernel known to follow the batch that nothing pins), `unclaimed`
+# (the engine's default kernel, not known to follow the batch: the trials are all that speak for it).
+CoverageStatus = Literal["covered", "uncovered", "unclaimed"]
+
+
+class OpCoverage(_Section):
+    """What runs one class of ops in invariant mode, as the engine's processes read it (oracle.op_coverage)."""
+
+    status: CoverageStatus = Field(description="covered (by the mode's mechanism), uncovered (a kernel known to "
+                                   "follow the batch, nothing pins it), unclaimed (the engine's default kernel, not "
+                                   "known to follow the batch)")
+    by: str = Field(description="what runs it, as read from the engine: a kernel set, a backend, a setting")
+    why: str = Field(default="", description="for uncovered ops: how its result can follow the batch")
+
+
+def _no_coverage(value: Any) -> bool:
+    return not value
+
+
 class PostureRecord(_Section):
     """`environment.posture`: each mode's posture and digests over them (oracle.posture.report_posture)."""
 
@@ -89,6 +109,10 @@ class PostureRecord(_Section):
                         "settings")
     digests: dict[str, str] = Field(default_factory=dict, description="mode -> the digest of its posture alone "
                                     "(a golden file pins the invariant one)")
+    coverage: dict[str, dict[str, OpCoverage]] = Field(
+        default_factory=dict, exclude_if=_no_coverage,
+        description="mode -> op class (matmul, norm, attention, sampler, all_reduce) -> what runs it in that mode, "
+                    "where the engine reports it; outside the digests, since it follows from the settings")
 
 
 class HazardRecord(_Section):

@@ -233,6 +233,8 @@ class VllmEngine:
                               "invariance_mechanism": out["invariance_mechanism"]}
         if "covered_ops" in info:
             out["covered_ops"] = info["covered_ops"]
+        if "coverage" in info:  # what runs each class of ops in invariant mode, as the ranks read it
+            out["coverage"] = info["coverage"]
         if "ops" in info:
             out["ops"] = info["ops"]
         if "ranks" in info:  # each rank's own account: device, kernels registered, linear kernels, all-reduce, ops

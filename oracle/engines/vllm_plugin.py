@@ -42,11 +42,43 @@ def register() -> None:
     from vllm.model_executor.layers import utils as layer_utils
 
     oracle_kernels.enable()
+    _pin_triton_attention()
     # vLLM's CPU backend binds each linear layer to oneDNN (`_C::onednn_mm`) at load time (vLLM looks the
     # function up in this module when a layer loads); oneDNN never passes through aten, so no override
     # could reach it.
     layer_utils.dispatch_cpu_unquantized_gemm = _aten_gemm
     _LOADED["kernels"] = True
+
+
+# vLLM's Triton attention reads this module flag at each call: set, it never launches its split-KV (3D) decode
+# kernel, whose number of KV segments follows the batch, and runs its one-pass kernel for every pass.
+_TRITON_ATTENTION = ("vllm.v1.attention.ops.triton_unified_attention", "is_batch_invariant")
+
+
+def _pin_triton_attention() -> None:
+    """On CUDA, pin vLLM's TRITON_ATTN backend to the launch its own batch-invariant mode picks (one pass over the
+    KV range, no split), before any graph is captured; the other backends read VLLM_BATCH_INVARIANT itself, which
+    would also swap vLLM's own kernels in for ours, so they stay unpinned (oracle.engines.vllm_coverage)."""
+    import importlib
+
+    from vllm.platforms import current_platform  # reads the platform without starting CUDA in this process
+
+    if not current_platform.is_cuda():
+        return
+    module, flag = _TRITON_ATTENTION
+    try:
+        setattr(importlib.import_module(module), flag, True)
+    except ImportError:  # a vLLM without this kernel: attention reads as unpinned in rank_report
+        return
+
+
+def attention_pinned() -> bool | None:
+    """Whether this process runs vLLM's Triton attention pinned (None: that kernel's module is not loaded)."""
+    import sys
+
+    module, flag = _TRITON_ATTENTION
+    loaded = sys.modules.get(module)
+    return None if loaded is None else bool(getattr(loaded, flag, False))
 
 
 def _aten_gemm(layer: Any, remove_weight: bool) -> None:
@@ -169,6 +201,7 @@ def rank_report(worker: Any) -> dict[str, Any]:
         "linear_counts": linear,
         "all_reduce": all_reduce_of(tp_group),
         "attention_backend": attention_backends(getattr(inner, "vllm_config", None)),
+        "attention_pinned": attention_pinned(),
     }
 
 

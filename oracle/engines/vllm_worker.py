@@ -209,12 +209,17 @@ class WorkerEngine:
         if any("ops" in r for r in ranks):
             self.info["ops"] = ranks[0].get("ops")  # rank 0's, as a single-process engine reports them
         self.info["posture"] = _posture(self.engine, spec, ranks)
+        if spec.mode == "invariant":
+            from oracle.engines.vllm_coverage import coverage
+
+            self.info["coverage"] = coverage(spec.invariance, self.info["posture"], ranks)
         if spec.uses_oracle_kernels:
             import oracle_kernels
 
             from oracle.engines.vllm_plugin import not_in_force
 
-            self.info["covered_ops"] = oracle_kernels.covered_ops("cpu")
+            device = "cuda" if str(self.info["posture"].get("device")).startswith("cuda") else "cpu"
+            self.info["covered_ops"] = oracle_kernels.covered_ops(device)
             why = not_in_force(ranks, spec.tensor_parallel_size * spec.pipeline_parallel_size)
             if why:
                 raise NotInForce("; ".join(why))

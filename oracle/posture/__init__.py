@@ -147,9 +147,12 @@ def posture_digest(postures: dict[str, dict[str, Any]]) -> str:
 
 def report_posture(engines: dict[str, Any]) -> PostureRecord:
     """`environment.posture` of a report: each mode's posture and the digest over them."""
+    from oracle.op_coverage import coverage_of
+
     modes = {m: posture_of(d) for m, d in engines.items() if isinstance(d, dict)}
+    coverage = {m: c for m, d in engines.items() if isinstance(d, dict) and (c := coverage_of(d))}
     return PostureRecord(modes={m: ModePosture(**p) for m, p in modes.items()}, digest=posture_digest(modes),
-                         digests={m: posture_digest({m: p}) for m, p in modes.items()})
+                         digests={m: posture_digest({m: p}) for m, p in modes.items()}, coverage=coverage)
 
 
 def installed_version(*distributions: str) -> str:
@@ -280,6 +283,14 @@ def summary_line(posture: PostureRecord | None) -> str | None:
     inv = posture.modes.get("invariant") or next(iter(posture.modes.values()), ModePosture())
     what = f"{inv.engine} {inv.engine_version} on {inv.device}, attention {inv.attention_backend}"
     return f"posture {posture.digest} ({per_mode}): {what}"
+
+
+def coverage_line(posture: PostureRecord | None) -> str | None:
+    """`invariant mode runs: matmul oracle_kernels ...; attention UNCOVERED ...`, where the engine reported it."""
+    from oracle.op_coverage import summary
+
+    ops = posture.coverage.get("invariant") if posture is not None else None
+    return f"invariant mode runs: {summary(ops)}" if ops else None
 
 
 def hazard_summary_lines(hazards: Sequence[HazardRecord]) -> list[str]:

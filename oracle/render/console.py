@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from oracle.observer import Observer
-from oracle.posture import hazard_summary_lines, summary_line
+from oracle.posture import coverage_line, hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
@@ -184,6 +184,9 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
     posture = summary_line(report.posture)
     if posture:
         console.print(terminal_text(posture))
+    covered = coverage_line(report.posture)
+    if covered:
+        console.print(terminal_text(covered))
     for line in hazard_summary_lines(report.hazards):
         console.print(terminal_text(line), style="yellow")
     tm = report.timings
