@@ -148,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
     b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
     b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
+    b.add_argument("--no-vllm", action="store_true", help="--workload: leave out vLLM's rows (default, "
+                   "VLLM_BATCH_INVARIANT=1, oracle_kernels), which run where vLLM is installed and a GPU is")
     b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
@@ -342,15 +344,30 @@ def _pin_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_workload(args: argparse.Namespace) -> int:
+    """The native engine's rows, then vLLM's beside them where vLLM is installed and a GPU ran them."""
+    import tempfile
+
+    from oracle import bench_vllm
+    from oracle.bench import bench_workload
+
+    with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
+        json_path = args.json or Path(tmp) / "bench.json"
+        rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
+                            preset=args.preset, num_seqs=args.sequences,
+                            cuda_graphs=False if args.no_cuda_graphs else None)
+        if rc != 0 or args.no_vllm:
+            return rc
+        return bench_vllm.extend(json_path, args.warmup, args.rounds)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from oracle.bench import bench_config, bench_kernels, bench_workload
+    from oracle.bench import bench_config, bench_kernels
 
     if args.workload is not None:
         if args.what is not None:
             raise ConfigError("bench: give a config or --workload, not both")
-        return bench_workload(args.workload, args.json, warmup=args.warmup, rounds=args.rounds, device=args.device,
-                              preset=args.preset, num_seqs=args.sequences,
-                              cuda_graphs=False if args.no_cuda_graphs else None)
+        return _bench_workload(args)
     if args.what is None:
         raise ConfigError("bench: give 'kernels', a config file, or --workload NAME")
     if args.what == "kernels":

@@ -16,6 +16,11 @@ vLLM runs outside aten is classed by what is known of it:
 - the FlashInfer top-k/top-p sampler and the custom all-reduces (one-shot or two-shot by message size):
   uncovered. NCCL, vLLM's CPU kernels and its PyTorch sampler: unclaimed.
 
+On CUDA, `oracle_kernels_args` is what invariant mode asks of vLLM so that the claim holds: the Triton attention
+(pinned by the plugin), RMS norm in torch code, and CUDA graphs of whole decode steps captured from eager code
+(no Inductor), where our kernels are what the graph records. A setting the user gave in `engine_args` wins, and
+the coverage then says what it leaves uncovered.
+
 Imports nothing heavy: the worker and the tests call it with plain dicts.
 """
 
@@ -118,3 +123,21 @@ def coverage(invariance: str, posture: Mapping[str, Any], ranks: Sequence[Mappin
         "sampler": _sampler(str(posture.get("sampler", "unknown"))),
         "all_reduce": _all_reduce(str(posture.get("all_reduce", "unknown"))),
     }
+
+
+def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool) -> dict[str, Any]:
+    """`engine_args` with the settings `invariance: oracle_kernels` needs of vLLM on CUDA, where the user left them
+    unset: TRITON_ATTN, vLLM's custom ops off and RMS norm in torch code, and (unless eager) full CUDA graphs of
+    decode steps without torch.compile."""
+    out = dict(engine_args)
+    out.setdefault("attention_backend", _PINNED_ATTENTION)
+    compilation = dict(out.get("compilation_config") or {})
+    compilation.setdefault("custom_ops", ["none"])
+    if not enforce_eager:
+        compilation.setdefault("mode", 0)  # CompilationMode.NONE: eager code, no Inductor
+        compilation.setdefault("cudagraph_mode", "FULL_DECODE_ONLY")
+    out["compilation_config"] = compilation
+    kernel = dict(out.get("kernel_config") or {})
+    kernel.setdefault("ir_op_priority", {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]})
+    out["kernel_config"] = kernel
+    return out

@@ -184,7 +184,7 @@ class WorkerEngine:
         )
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = spec.max_model_len
-        kwargs.update(spec.engine_args)
+        kwargs.update(_mode_args(spec))
         try:
             args = EngineArgs(**kwargs)
         except TypeError as e:  # an engine_args key EngineArgs does not have
@@ -369,6 +369,20 @@ class WorkerEngine:
                 top2 = (float(best[0]), float(best[1] if best.size > 1 else best[0]))
             assert t.out.top2 is not None
             t.out.top2.append(top2)
+
+
+def _mode_args(spec: WorkerSpec) -> dict[str, Any]:
+    """The user's engine_args, with what invariant mode's oracle_kernels need of vLLM on CUDA where left unset
+    (oracle.engines.vllm_coverage.oracle_kernels_args)."""
+    if not spec.uses_oracle_kernels:
+        return dict(spec.engine_args)
+    from vllm.platforms import current_platform
+
+    from oracle.engines.vllm_coverage import oracle_kernels_args
+
+    if not current_platform.is_cuda():
+        return dict(spec.engine_args)
+    return oracle_kernels_args(spec.engine_args, spec.enforce_eager)
 
 
 def _find_model(engine: WorkerEngine) -> Any:

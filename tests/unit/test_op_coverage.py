@@ -42,7 +42,7 @@ def test_unpinned_attention_never_passes_and_the_line_names_the_op(fake_model: P
     inv = next(c for c in written["checks"] if c["name"] == "invariance")
     assert inv["verdict"] == "vacuous"
     assert inv["message"].startswith("invariant mode does not cover attention (vLLM TRITON_ATTN")
-    assert "uncovered" == inv["evidence"]["uncovered_ops"]["attention"]["status"]
+    assert inv["evidence"]["uncovered_ops"]["attention"]["status"] == "uncovered"
     assert set(written["environment"]["posture"]["coverage"]) == {"invariant"}
     out = capsys.readouterr().out
     assert "invariant mode runs: matmul oracle_kernels" in out and "attention UNCOVERED vLLM TRITON_ATTN" in out
