@@ -135,10 +135,27 @@ def vllm_rows(workload: dict[str, Any], warmup: int, rounds: int) -> dict[str, A
             if proc.returncode == 0 and result.exists():
                 out[name] = json.loads(result.read_text())
             else:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                out[name] = {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
+                out[name] = {"error": f"exit {proc.returncode}: {_cause(proc.stderr or proc.stdout)}"}
             print(f"{name}: {out[name].get('median_s', out[name].get('error'))}", flush=True)
     return out
+
+
+def _cause(log: str) -> str:
+    """The lines of a failed row's log that name errors (vLLM's engine core reports its root cause above its
+    last line), at most three."""
+    lines = [ln.strip() for ln in log.splitlines() if "Error" in ln or "error:" in ln]
+    return " | ".join(lines[-3:] or log.strip().splitlines()[-3:])
+
+
+def _free_device_memory() -> None:
+    """Give the native rows' memory back to the driver: vLLM sizes its KV cache from the GPU's free memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def side_by_side(native: dict[str, Any], vllm: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +192,7 @@ def extend(json_path: Path, warmup: int, rounds: int) -> int:
         print("vllm rows: not run (" + ("vLLM is not installed" if not available() else "no GPU") + ")")
         return 0
     machine = machine_line()
+    _free_device_memory()
     rows["vllm"] = vllm_rows(workload, warmup, rounds)
     rows["machine"] = machine
     rows["side_by_side"] = side_by_side(rows["modes"], rows["vllm"])
