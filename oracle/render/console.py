@@ -26,7 +26,7 @@ from oracle.posture import hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
-from oracle.render.verdict import Tone, headline, minimal_first, shown_verdict, tone
+from oracle.render.verdict import Tone, error_label, headline, minimal_first, shown_verdict, tone
 from oracle.report import CheckResult, DivergenceRecord, Report
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _checks_table(console: Console, report: Report, narrow: bool) -> None:
 def _footer(console: Console, report: Report, report_path: str) -> None:
     """The engine error, the run's posture and hazards, where the report is, the time and the exit code."""
     if report.error:
-        console.print(f"engine error: {terminal_text(report.error)}", style="red")
+        console.print(f"{error_label(report.exit_code())}: {terminal_text(report.error)}", style="red")
     posture = summary_line(report.posture)
     if posture:
         console.print(terminal_text(posture))
