@@ -99,6 +99,13 @@ def _refused_run(argv: list[str], e: UsageError) -> None:
     replace_stale_report(config, report_dir, ConfigError(f"oracle run: {e.message}"))
 
 
+def _folder(text: str) -> Path:
+    """An argparse type: a folder's path, never empty (`Path("")` would be the working directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty folder name (an unset variable?)")
+    return Path(text)
+
+
 def _shard(text: str) -> tuple[int, int]:
     """An argparse type: `I/N` (oracle.shards.assign.parse_shard), the error naming --shard."""
     from oracle.shards.assign import parse_shard
@@ -163,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="run only shard I of N (0-based) of the seed's schedule; `oracle merge` joins the shards")
 
     mg = sub.add_parser("merge", help="merge the shard folders of one run into the report the unsharded run gives")
-    mg.add_argument("shards", type=Path, nargs="+", metavar="DIR", help="the shards' report folders")
+    mg.add_argument("shards", type=_folder, nargs="+", metavar="DIR", help="the shards' report folders")
     mg.add_argument("--report-dir", type=Path, default=Path("oracle-report"),
                     help="where the merged report goes (default: oracle-report)")
     mg.add_argument("--trust-report", action="store_true",
