@@ -443,7 +443,7 @@ class ModeExecution:
             with self.clock.phase("localize"):
                 found = self.localized[key] = self.localizer.localize(self.engine, expected, actual)
             self.observer.advance(0)
-            self.observer.outcome(f"trial {key}: " + (f"first diverging op: {found.summary()}" if found is not None
+            self.observer.outcome(f"trial {key}: " + (found.finding() if found is not None
                                                       else "no op differs on the captured rerun"))
         except OracleError as e:
             self.localize_notes.append(f"localize {key}: {e}")

@@ -33,7 +33,7 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
     if d.cause != "batch":
         lines.append(f"  cause: {d.cause}")
     if d.localized_op is not None:
-        lines.append(f"  first diverging op: {d.localized_op.summary()}")
+        lines.append(f"  {d.localized_op.finding()}")
     if d.trial_id is not None:
         lines.append(f"replay: {replay_command(shlex.quote(str(report_path)), d.trial_id, config)}")
     return lines

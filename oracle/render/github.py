@@ -59,7 +59,7 @@ def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
                      f"({d.kind}): token {d.expected_token} -> {d.actual_token}, "
                      f"ULP {d.ulp}, top-2 margin {d.reference_margin}")
         if d.localized_op is not None:
-            lines.append(f"first diverging op: {d.localized_op.summary()}")
+            lines.append(d.localized_op.finding())
         for _, command in replay_lines(report, str(report_path), [check.name]):  # what every view gives
             lines.append(f"replay: {command}")
     lines.append(f"seed {report.seed}; report {report_path}")

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from oracle.localized_op import AFTER_MODEL
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_cells, replay_lines, ulp_text
 from oracle.render.verdict import (
@@ -245,6 +246,8 @@ def _op_cells(d: DivergenceRecord) -> str:
     """The first diverging op's cells of a divergence row (empty where it names none)."""
     cells = localized_cells(d)
     op = f"{cells['module']} ({cells['op']})" if cells["op"] else cells["module"]
+    if d.localized_op is not None and d.localized_op.status == "after_capture":
+        op = AFTER_MODEL + op  # every op agreed: the one named is the last that did, not a culprit
     return f"<td>{e(op)}</td><td>{e(cells['layer'])}</td><td>{e(cells['forward_pass'])}</td>"
 
 
