@@ -197,8 +197,7 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
         console.print(terminal_text(posture))
     for line in hazard_summary_lines(report.hazards):
         console.print(terminal_text(line), style="yellow")
-    console.print(f"report: {terminal_text(report_path)}   time: {time_text(report)}   exit {report.exit_code()}",
-                  soft_wrap=True)
+    console.print(f"report: {terminal_text(report_path)}   time: {time_text(report)}   exit {report.exit_code()}")
     beside = other_files(Path(report_path).parent)
     if beside:
         console.print(f"also in {terminal_text(str(Path(report_path).parent))}: {', '.join(beside)}", soft_wrap=True)
@@ -309,7 +308,7 @@ def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord]
             console.print(shrunk, style="bold", soft_wrap=True)
         where = localized_line(d)
         if where:
-            console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}", soft_wrap=True)
+            console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")
 
 
 def print_presets(console: Console, presets: Mapping[str, ModelPreset]) -> None:
