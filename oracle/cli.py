@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from oracle.errors import ConfigError, OracleError
 from oracle.lifecycle import signals
@@ -45,6 +45,65 @@ def _err(line: str) -> None:
     from oracle.render.escape import terminal_text
 
     print(terminal_text(line, newlines=True), file=sys.stderr)
+
+
+class UsageError(SystemExit):
+    """A wrong command line (exit 2, as argparse's own): `message` is argparse's, already said in one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage error one line on stderr naming the command and where its help is (a CI
+    log shows the error, not a usage block to read past)."""
+
+    def error(self, message: str) -> NoReturn:
+        _err(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise UsageError(message)
+
+
+# `oracle run`'s options that take a value: the first other word is the config (read from a wrong command line).
+_RUN_VALUED = ("--report-dir", "--seed", "--trials", "--model", "--set", "--db", "--shard")
+
+
+def _run_paths(words: list[str]) -> tuple[Path | None, Path | None]:
+    """The config and `--report-dir` of an `oracle run` command line that argparse refused, as far as they
+    can be told from its words."""
+    config: Path | None = None
+    report_dir: Path | None = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in _RUN_VALUED:
+            if word == "--report-dir" and i + 1 < len(words):
+                report_dir = Path(words[i + 1])
+            i += 2
+            continue
+        if word.startswith("--report-dir="):
+            report_dir = Path(word.partition("=")[2])
+        elif not word.startswith("-") and config is None and word:
+            config = Path(word)
+        i += 1
+    return config, report_dir
+
+
+def _refused_run(argv: list[str], e: UsageError) -> None:
+    """`oracle run` refused by argparse: an earlier run's report where this run would write says so."""
+    if not argv or argv[0] != "run":
+        return
+    with signals.deferred():
+        from oracle.lifecycle.run_guard import replace_stale_report
+    config, report_dir = _run_paths(argv[1:])
+    replace_stale_report(config, report_dir, ConfigError(f"oracle run: {e.message}"))
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: a folder's path, never empty (`Path("")` would be the working directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty folder name (an unset variable?)")
+    return Path(text)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -89,7 +148,7 @@ def _setting(text: str) -> tuple[str, object]:
 def _parser() -> argparse.ArgumentParser:
     from oracle import __version__
 
-    p = argparse.ArgumentParser(prog="oracle", description="Bitwise determinism test oracle for LLM inference.")
+    p = _Parser(prog="oracle", description="Bitwise determinism test oracle for LLM inference.")
     p.add_argument("--version", action="version", version=f"oracle {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -111,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="run only shard I of N (0-based) of the seed's schedule; `oracle merge` joins the shards")
 
     mg = sub.add_parser("merge", help="merge the shard folders of one run into the report the unsharded run gives")
-    mg.add_argument("shards", type=Path, nargs="+", metavar="DIR", help="the shards' report folders")
+    mg.add_argument("shards", type=_folder, nargs="+", metavar="DIR", help="the shards' report folders")
     mg.add_argument("--report-dir", type=Path, default=Path("oracle-report"),
                     help="where the merged report goes (default: oracle-report)")
     mg.add_argument("--trust-report", action="store_true",
@@ -259,7 +318,7 @@ def _checked_config(args: argparse.Namespace) -> Config:
             # would slice a different schedule in every shard.
             raise ConfigError("--shard: give every shard the same --seed S (or set schedule.seed in the config); "
                               "without one each shard would draw its own schedule")
-    except (OracleError, KeyboardInterrupt) as e:
+    except (Exception, KeyboardInterrupt) as e:  # any cause: an earlier run's report must not stand for this one
         replace_stale_report(args.config, args.report_dir, e)
         raise
     return config
@@ -436,9 +495,11 @@ def main(argv: list[str] | None = None, *, supervise: bool = False) -> int:
         # `oracle run` still replaces an earlier run's report before it stops.
         signals.hold()
         try:
-            args = _parser().parse_args(argv)  # usage errors exit 2 here, with argparse's message
-        except BaseException:
+            args = _parser().parse_args(argv)  # usage errors exit 2 here, in one line
+        except BaseException as e:
             signals.release(raise_held=False)
+            if isinstance(e, UsageError):
+                _refused_run(sys.argv[1:] if argv is None else list(argv), e)
             raise
         args.supervise, args.argv = supervise, argv
         try:

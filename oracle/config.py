@@ -26,6 +26,7 @@ from pydantic import (
 
 from oracle.engine_options import NativeOptions, options_model
 from oracle.errors import ConfigError
+from oracle.strict_numbers import refuse_bools
 
 Requirement = Literal["required", "warn", "off"]
 
@@ -49,6 +50,7 @@ OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _no_bools = field_validator("*", mode="before")(classmethod(refuse_bools))  # `trials: true` is no count
 
 
 def _check_range(v: tuple[int, int], name: str) -> tuple[int, int]:
@@ -577,17 +579,21 @@ def parse_config(data: dict[str, Any], source: str = "<config>", text: str | Non
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
-        raise _validation_error(e, source, text, flags or {}) from e
+        raise _validation_error(e, source, text, flags or {}, data) from e
     config._source, config._text, config._flags = source, text, dict(flags or {})
     _cross_check(config)
     return config
 
 
-def _validation_error(e: ValidationError, source: str, text: str | None, flags: dict[str, str]) -> ConfigError:
-    """The first problem, blamed on the flag that set its field, else on the file and line."""
+def _validation_error(e: ValidationError, source: str, text: str | None, flags: dict[str, str],
+                      data: Any = None) -> ConfigError:
+    """The first problem, blamed on the flag that set its field, else on the file and line; an unknown field
+    names the nearest known one."""
     err = e.errors()[0]
     field = ".".join(str(x) for x in err["loc"]) or "<root>"
     msg = error_text(err)
+    if err["type"] == "extra_forbidden":
+        msg += did_you_mean(Config, tuple(err["loc"]), data)
     # The flag whose field is the error's, below it (a wrong value inside it) or above it (`--set foo.bar=1`:
     # the section `foo` is unknown).
     flag = next(((f, dotted) for dotted, f in flags.items()
@@ -617,6 +623,44 @@ def error_text(err: Any) -> str:
     if err["type"] == "missing":
         return "required field missing"
     return str(err["msg"]).removeprefix("Value error, ")
+
+
+def did_you_mean(root: type[BaseModel], loc: tuple[Any, ...], data: Any) -> str:
+    """`; did you mean max_num_seqs?` for an unknown field at `loc` under `root`: the nearest known field of the
+    model it sits in (difflib), empty where none is near or the model is not known (a custom engine's options)."""
+    import difflib
+
+    model: type[BaseModel] | None = root
+    node = data
+    for key in loc[:-1]:
+        if isinstance(key, int):  # a list's item: the model stays the item's
+            node = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
+            continue
+        field = model.model_fields.get(str(key)) if model is not None else None
+        if field is None:
+            return ""
+        if model is EngineConfig and key == "options":  # typed by the engine's kind
+            model = options_model(str(node.get("kind", "native")) if isinstance(node, dict) else "native")
+        else:
+            model = _model_in(field.annotation)
+        node = node.get(key) if isinstance(node, dict) else None
+    if model is None or not loc:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field's annotation holds (`ScheduleConfig`, `SearchConfig | None`, `list[X]`)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:

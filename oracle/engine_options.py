@@ -15,11 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from oracle.strict_numbers import refuse_bools
+
 ENTRY_POINT_GROUP = "oracle.engines"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _no_bools = field_validator("*", mode="before")(classmethod(refuse_bools))  # `concurrency: true` is no count
 
 
 class NativeOptions(_Strict):

@@ -8,6 +8,7 @@ checkout they are the repository's `configs/` folder beside the package.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +67,10 @@ def example_text(name: str) -> str:
     """The text of the shipped config `name` (ConfigError naming the choices for an unknown one)."""
     if name in FILE_EXAMPLES:
         return (files_dir() / FILE_EXAMPLES[name].main).read_text(encoding="utf-8")
-    path = example_dir() / f"{name}.yaml"
-    if not path.is_file():
-        choices = ", ".join([*example_names(), *FILE_EXAMPLES])
-        raise ConfigError(f"--example: no example {name!r}; one of {choices}")
-    return path.read_text(encoding="utf-8")
+    names = example_names()
+    if name not in names:  # a name, never a path (`../x` would read a file outside the shipped examples)
+        raise ConfigError(f"--example: no example {name[:80]!r}; one of {', '.join([*names, *FILE_EXAMPLES])}")
+    return (example_dir() / f"{name}.yaml").read_text(encoding="utf-8")
 
 
 def default_path(name: str | None) -> Path:
@@ -88,12 +88,14 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the file to write")
     targets = {path: text, **{path.parent / f: (files_dir() / f).read_text(encoding="utf-8") for f in extra.beside}}
+    for target in targets:
+        _refuse_special(target)
     if not force:
         for target in targets:
             _refuse_to_replace(target)
     if extra.is_config:
         targets[path] = (f"# Written by `oracle config init` from the example {chosen}; `oracle run {path}` "
-                         "runs it.\n" + text)
+                         "runs it.\n" + for_user(text, chosen, path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for target, content in targets.items():
@@ -103,20 +105,41 @@ def write_example(path: Path, *, engine: str | None = None, name: str | None = N
     return chosen
 
 
+# A shipped config named by its path in the repository (`configs/tiny.yaml`), which an installed wheel lacks.
+_SHIPPED_PATH = re.compile(r"\bconfigs/([A-Za-z0-9_.-]+)\.yaml\b")
+
+
+def for_user(text: str, name: str, path: Path) -> str:
+    """An example's text as the user's file: its own repository path becomes `path`, another shipped config's
+    the command that writes it (a wheel user has no `configs/` folder)."""
+    def named(m: re.Match[str]) -> str:
+        return str(path) if m.group(1) == name else f"the {m.group(1)} example (oracle config init --example {m.group(1)})"
+
+    return _SHIPPED_PATH.sub(named, text)
+
+
 def _chosen(engine: str | None, name: str | None) -> str:
     """The example's name: `name`, else the engine kind's (the native engine's by default)."""
     if engine is not None and engine not in BY_ENGINE:
         raise ConfigError(f"--engine: no example config for {engine!r}; one of {', '.join(BY_ENGINE)}")
-    return name or BY_ENGINE[engine or "native"]
+    return name if name is not None else BY_ENGINE[engine or "native"]
 
 
 def _refuse_to_replace(target: Path) -> None:
     """ConfigError where `target` is a file or a symbolic link already (without --force)."""
+    _refuse_special(target)
     if target.is_symlink():  # dangling or not: writing through it would write where it points
         raise ConfigError(f"{target}: is a symbolic link (to {os.readlink(target)}); give the file's own "
                           "path, or pass --force to replace the link itself")
     if target.exists():
         raise ConfigError(f"{target}: already exists; pass --force to overwrite it")
+
+
+def _refuse_special(target: Path) -> None:
+    """ConfigError where `target` is a device, a FIFO or a socket (`/dev/full`): --force replaces a file or a
+    link, never one of those, and a write into one is not a file the user can run."""
+    if target.exists() and not target.is_symlink() and not target.is_file() and not target.is_dir():
+        raise ConfigError(f"{target}: not a regular file (a device, FIFO or socket); give the path of a file to write")
 
 
 def _write_new(path: Path, content: str, force: bool) -> None:

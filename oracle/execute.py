@@ -441,11 +441,16 @@ class ModeExecution:
         self.observer.phase("localize", 1)
         try:
             with self.clock.phase("localize"):
-                self.localized[key] = self.localizer.localize(self.engine, expected, actual)
+                found = self.localized[key] = self.localizer.localize(self.engine, expected, actual)
+            self.observer.advance(0)
+            self.observer.outcome(f"trial {key}: " + (found.finding() if found is not None
+                                                      else "no op differs on the captured rerun"))
         except OracleError as e:
             self.localize_notes.append(f"localize {key}: {e}")
+            self.observer.outcome(f"trial {key}: not localized ({e})")
         except Exception as e:  # noqa: BLE001 - the verdict stands without the op
             self.localize_notes.append(f"localize {key}: {type(e).__name__}: {e}")
+            self.observer.outcome(f"trial {key}: not localized ({type(e).__name__}: {e})")
         finally:
             self.observer.done()
 

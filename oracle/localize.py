@@ -75,10 +75,11 @@ def localize_from_report(report_path: Path, trial_id: int, repro_dir: Path | Non
     from oracle.lifecycle.watchdog import LOCALIZE_CALLS, start_engine
     from oracle.plan import Plan, resolve_model, solo_request, trial_requests
     from oracle.prompts import load_targets
-    from oracle.replay import find_trial, report_config
+    from oracle.replay import find_trial, report_config, require_trials
     from oracle.report import load_report
 
     report = load_report(report_path)
+    require_trials(report, report_path)
     config = report_config(report, report_path, trusted=trusted)  # a config that loads code needs `trusted`
     trial, recorded = find_trial(report, trial_id)
     mode: Mode = recorded.mode if recorded else "invariant"

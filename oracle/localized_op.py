@@ -14,12 +14,14 @@ from typing import Any, ClassVar
 
 __all__ = ["LocalizedOp", "position_ranges"]
 
+# `after_capture`: no op is to blame; the op named is the last one that agreed.
+AFTER_MODEL = ("every captured op agreed; the difference came after the model (post-processing, sampling, a "
+               "logits processor); the last op that agreed: ")
 # The line a status starts with in `LocalizedOp.describe`.
-_STATUS_HEADS = {"localized": "", "kv_state": "KV cache: ", "after_capture": "after the last captured op: ",
+_STATUS_HEADS = {"localized": "", "kv_state": "KV cache: ", "after_capture": AFTER_MODEL,
                  "inconclusive": "inconclusive, within "}
 # The same, in `LocalizedOp.summary`.
-_SUMMARY_HEADS = {"kv_state": "KV cache read by ", "after_capture": "after the last captured op, ",
-                  "inconclusive": "inconclusive, within "}
+_SUMMARY_HEADS = {"kv_state": "KV cache read by ", "after_capture": AFTER_MODEL, "inconclusive": "inconclusive, within "}
 _INPUTS = {True: "inputs equal", False: "inputs differed", None: "inputs unchecked"}
 _SHARED = ("num_seqs", "num_tokens", "num_prefill_tokens", "num_decode_tokens")
 
@@ -113,6 +115,11 @@ class LocalizedOp:
         if self.depends_on:
             tail += " (" + ", ".join(f"{k} {v[0]} vs {v[1]}" for k, v in self.depends_on.items()) + ")"
         return f"{head}{self.module} ({op}){layer}, pass {self.forward_pass}{step}{ulp}{tail}"
+
+    def finding(self) -> str:
+        """The summary as a finding: `first diverging op: ...`, or for `after_capture` that every captured op
+        agreed and the difference came after the model (the op named is the last that agreed, not a culprit)."""
+        return self.summary() if self.status == "after_capture" else f"first diverging op: {self.summary()}"
 
     def _where(self) -> str:
         return f"pass {self.forward_pass}" + (f", step {self.engine_step}" if self.engine_step is not None else "")

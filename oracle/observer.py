@@ -14,4 +14,7 @@ class Observer:
 
     def done(self) -> None: ...
 
+    def outcome(self, message: str) -> None:
+        """What the running phase came to, in words (said when it is done, instead of its count)."""
+
     def warn(self, message: str) -> None: ...

@@ -63,6 +63,16 @@ def credentials_sent(config: Mapping[str, Any], environ: Mapping[str, str]) -> l
     return sent
 
 
+def require_trials(report: Report, source: Path) -> None:
+    """ConfigError (exit 2) for a partial report that holds no trial (the run stopped before any ran: a config
+    or command-line error, an engine that did not start): there is nothing to replay or localize."""
+    if report.complete or report.schedule or any(d.trial is not None for d in report.divergences):
+        return
+    why = (report.error or "no reason recorded").splitlines()[0][:300]
+    raise ConfigError(f"{source}: a partial report (the run stopped before any trial ran: {why}); it has no "
+                      "trials to replay")
+
+
 def report_config(report: Report, source: Path, *, trusted: bool) -> Config:
     """The report's config, to run again: refused (ConfigError, exit 2, naming the fields) when it would
     load or run code (oracle.trust) and `trusted` is off; the secrets redacted when it was written are
@@ -91,6 +101,7 @@ def replay(report_path: Path, trial_id: int, mode: Mode | None = None, *, truste
     from oracle.prompts import load_targets
 
     report = load_report(report_path)
+    require_trials(report, report_path)
     config = report_config(report, report_path, trusted=trusted)
     trial, recorded = find_trial(report, trial_id)
     mode = mode or (recorded.mode if recorded else "invariant")

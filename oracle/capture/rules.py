@@ -358,9 +358,10 @@ def _after_capture(runs: _Runs, eager: bool | None, prompt_len: int | None) -> L
                            status="after_capture", note="no op of the target was captured")
     ch = _Change(last, [p for p in last.positions if pos is None or p == pos] or list(last.positions), [])
     step = f" at step {d.step}" if d is not None else ""
-    return _located(runs, ch, True, eager, True, "after_capture",
-                    f"every captured op agreed, yet the outputs differ{step}: the difference was made after "
-                    "the last captured op (sampling, a logits processor, post-processing)")
+    # op_class "other": the op named agreed, so its class (lm_head's matmul) says nothing of the difference
+    return replace(_located(runs, ch, True, eager, True, "after_capture",
+                            f"every captured op agreed, yet the outputs differ{step}: the difference was made after "
+                            "the model (post-processing, sampling, a logits processor)"), op_class="other")
 
 
 def _last_result(runs: _Runs, pos: int | None) -> OpCall | None:

@@ -167,6 +167,15 @@ class RunSpec:
     max_num_batched_tokens: int | None = None
     warm_with: tuple[Request, ...] = ()
 
+    @property
+    def budget(self) -> int | None:
+        """Deprecated: `max_num_batched_tokens` (its name until 0.x; kept for one release, see CHANGELOG.md)."""
+        import warnings
+
+        warnings.warn("RunSpec.budget is deprecated: read RunSpec.max_num_batched_tokens", DeprecationWarning,
+                      stacklevel=2)
+        return self.max_num_batched_tokens
+
 
 # --- what the capture capabilities pass: where the target sits, the recorder ---------------------
 

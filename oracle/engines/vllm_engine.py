@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import struct
@@ -104,6 +105,21 @@ def _ask_for_kernels(env: dict[str, str]) -> None:
 
 def _option(name: str) -> str:
     return f"engine.options.{name}"
+
+
+# Triton asked to launch a kernel with no driver for the device: `RuntimeError: 0 active drivers ([]). There
+# should only be one.` (vLLM on a CPU under VLLM_BATCH_INVARIANT=1, whose placeholder kernels reach Triton).
+_NO_TRITON_DRIVER = re.compile(r"\b0 active drivers\b|active driver", re.IGNORECASE)
+
+
+def start_failure_reason(text: str) -> str:
+    """What a vLLM worker's start failure means where it is known (appended to the error), else ''."""
+    if _NO_TRITON_DRIVER.search(text):
+        return ("; vLLM's own invariant mode (VLLM_BATCH_INVARIANT=1, engine.options.invariance: vllm) launched a "
+                "Triton kernel where Triton has no driver (vLLM on a CPU swaps in placeholder kernels, the class of "
+                "vLLM #37546): it cannot run here; use ours instead: `invariance: oracle_kernels` under "
+                "engine.options")
+    return ""
 
 
 class KernelsNotInForce(EngineError):
@@ -408,7 +424,8 @@ class _Worker:
             return ConfigError(f"{_option('engine_args')}: vLLM rejected it: {payload}")
         if kind == "error":
             self.keep_log = True
-            return EngineError(f"vllm worker: {what} failed: {payload}; traceback in {self.log_path}")
+            why = start_failure_reason(str(payload)) if what == "start" else ""
+            return EngineError(f"vllm worker: {what} failed: {payload}{why}; traceback in {self.log_path}")
         return EngineError(f"vllm worker: unexpected reply {kind!r} to {what}")
 
     def _stuck(self, what: str, timeout_s: float) -> EngineError:
@@ -419,8 +436,9 @@ class _Worker:
     def _dead(self, what: str) -> EngineError:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        return EngineError(f"vllm worker died during {what} (exit code {self.proc.returncode})"
-                           f"{self._log_tail()}")
+        tail = self._log_tail()
+        why = start_failure_reason(tail) if what == "start" else ""
+        return EngineError(f"vllm worker died during {what} (exit code {self.proc.returncode}){why}{tail}")
 
     def _log_tail(self) -> str:
         self.keep_log = True

@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -93,17 +94,18 @@ class RunGuard:
         self.writer.stopped(self.report, e)
 
 
-def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseException) -> None:
-    """The config could not be read (or a signal came meanwhile): an earlier run's report in the folder
-    this run would have written is replaced by one that says why this run did not start.
+def replace_stale_report(config_path: Path | None, report_dir: Path | None, e: BaseException) -> None:
+    """The config could not be read, the command line was wrong (or a signal came meanwhile): an earlier
+    run's report in the folder this run would have written is replaced by one that says why this run did
+    not start, so a step that reads the folder afterwards never publishes an earlier run's verdict.
 
-    The folder is `--report-dir`, else the config's `report_dir` when the YAML gives one, else the
-    default when the YAML was read and names none; a config that cannot be read as YAML names no folder,
-    and none is written (the default folder of the working directory may be another run's). Written
-    only where a report.json is already there (nothing is created for a run that never started).
+    The folder is `--report-dir`, else the config's `report_dir` as far as its text names one (a line
+    `report_dir: DIR` of a file that is not valid YAML counts), else the default. Written only where a
+    report.json is already there (nothing is created for a run that never started). `config_path`: None
+    when the command line gave none.
     """
     folder = report_dir if report_dir is not None else _report_dir_of(config_path)
-    if folder is None or not (folder / "report.json").is_file():
+    if not (folder / "report.json").is_file():
         return
     if report_dir_problem(folder) is not None:
         return
@@ -112,10 +114,11 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
     from oracle.files import read_regular
 
     try:  # bounded and regular-only: the config that failed may be a FIFO or a device
-        raw = read_regular(config_path, MAX_CONFIG_BYTES, "config file")
+        raw = read_regular(config_path, MAX_CONFIG_BYTES, "config file") if config_path is not None else b""
     except ConfigError:
         raw = b""
-    report = Report(oracle_version=__version__, seed=0, config={"source": str(config_path)},
+    source = str(config_path) if config_path is not None else "(no config given)"
+    report = Report(oracle_version=__version__, seed=0, config={"source": source},
                     config_digest=hashlib.sha256(raw).hexdigest(), environment=light_environment())
     report.mark_stopped(e)
     try:
@@ -126,20 +129,32 @@ def replace_stale_report(config_path: Path, report_dir: Path | None, e: BaseExce
         e.report_dir = str(folder)  # type: ignore[attr-defined]
 
 
-def _report_dir_of(config_path: Path) -> Path | None:
-    """The config's `report_dir` as far as the YAML can be read, the default where it names none; None
-    when the YAML cannot be read (which folder the run would write is not known)."""
+# A top-level `report_dir: DIR` line, read from a config that is not valid YAML.
+_REPORT_DIR_LINE = re.compile(r"""^report_dir:[ \t]*(?:"([^"\n]+)"|'([^'\n]+)'|([^\s#'"][^#\n]*?))[ \t]*(?:#.*)?$""",
+                              re.MULTILINE)
+
+
+def _report_dir_of(config_path: Path | None) -> Path:
+    """The folder the run would have written: the config's `report_dir` as far as its text can be read (the
+    YAML, else a top-level `report_dir:` line), the default where it names none or cannot be read."""
     from oracle.config import Config
 
     default = Path(str(Config.model_fields["report_dir"].default))
+    if config_path is None:
+        return default
     try:
-        import yaml
-
         from oracle.config import MAX_CONFIG_BYTES
         from oracle.files import read_regular
 
-        data = yaml.safe_load(read_regular(config_path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
-    except Exception:  # unreadable or malformed: the error being reported says so
-        return None
-    value = data.get("report_dir") if isinstance(data, dict) else None
+        text = read_regular(config_path, MAX_CONFIG_BYTES, "config file").decode("utf-8", errors="replace")
+    except Exception:  # missing or unreadable: the error being reported says so
+        return default
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+        value = data.get("report_dir") if isinstance(data, dict) else None
+    except Exception:  # malformed YAML: its own line may still name the folder
+        found = _REPORT_DIR_LINE.search(text)
+        value = next((g for g in found.groups() if g), None) if found else None
     return Path(value) if isinstance(value, str) and value and "\0" not in value else default

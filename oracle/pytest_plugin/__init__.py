@@ -222,4 +222,6 @@ class _Summary:
             terminalreporter.write_line(f"{r.label}: {status}, seed {r.seed}: {verdicts}")
             terminalreporter.write_line(f"    config {r.source}; report {r.report}")
             if r.error:
-                terminalreporter.write_line(f"    engine error: {r.error}")
+                from oracle.render.verdict import error_label
+
+                terminalreporter.write_line(f"    {error_label(r.exit_code)}: {r.error}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.render.findings import ulp_text
-from oracle.render.verdict import first_divergence, shown_verdict
+from oracle.render.verdict import error_label, first_divergence, shown_verdict
 from oracle.report import CheckResult, DivergenceRecord, Report
 from oracle.trust import replay_command
 
@@ -33,7 +33,7 @@ def describe_divergence(d: DivergenceRecord, report_path: Path, config: Mapping[
     if d.cause != "batch":
         lines.append(f"  cause: {d.cause}")
     if d.localized_op is not None:
-        lines.append(f"  first diverging op: {d.localized_op.summary()}")
+        lines.append(f"  {d.localized_op.finding()}")
     if d.trial_id is not None:
         lines.append(f"replay: {replay_command(shlex.quote(str(report_path)), d.trial_id, config)}")
     return lines
@@ -46,7 +46,7 @@ def describe_failure(report: Report, report_path: Path, checks: Iterable[CheckRe
     lines = [f"oracle: {head} (seed {report.seed}, exit {report.exit_code()})"]
     lines += [f"  {c.name} [{c.requirement}]: {shown_verdict(c)}: {c.message}" for c in shown]
     if report.error:
-        lines.append(f"  engine error: {report.error}")
+        lines.append(f"  {error_label(report.exit_code())}: {report.error}")
     d = first_divergence(report, (c.name for c in shown))
     if d is not None:
         lines += describe_divergence(d, report_path, report.config)

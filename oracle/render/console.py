@@ -14,6 +14,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -26,8 +27,9 @@ from oracle.posture import coverage_line, hazard_summary_lines, summary_line
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
-from oracle.render.verdict import Tone, headline, minimal_first, shown_verdict, tone
+from oracle.render.verdict import Tone, error_label, headline, minimal_first, shown_verdict, tone
 from oracle.report import CheckResult, DivergenceRecord, Report
+from oracle.report_sections import MergedShards, ShardSlice
 
 if TYPE_CHECKING:
     from oracle.models.presets import ModelPreset
@@ -67,6 +69,7 @@ class ConsoleObserver(Observer):
         self._every = 1
         self._last = 0.0
         self._outer: list[tuple[str, int, int, int, TaskID]] = []  # phases a running phase interrupted
+        self._outcome: str | None = None  # what the running phase came to, said by `done` (localize)
 
     def seed(self, seed: int) -> None:
         self.console.print(f"schedule seed: {seed} (replay this schedule with --seed {seed})")
@@ -103,13 +106,21 @@ class ConsoleObserver(Observer):
             self._last = now
             self.console.print(f"{self.name}: {self.count}/{self.total} engine runs, {divergences} divergent")
 
+    def outcome(self, message: str) -> None:
+        self._outcome = message
+
     def done(self) -> None:
         if self.progress is not None:
             if not self._outer:
                 self.progress.stop()
                 self.progress = None
+            if self._outcome is not None:
+                self.console.print(f"{self.name}: {terminal_text(self._outcome)}", soft_wrap=True)
+        elif self._outcome is not None:
+            self.console.print(f"{self.name}: {terminal_text(self._outcome)}", soft_wrap=True)
         else:
             self.console.print(f"{self.name}: done {self.count}/{self.total}")
+        self._outcome = None
         if self._outer:  # back to the phase this one ran inside, its own count and total
             self.name, self.total, self.count, self.divergences, self.task = self._outer.pop()
             self._every = self.heartbeat_every or max(1, self.total // 10)
@@ -180,7 +191,7 @@ def _checks_table(console: Console, report: Report, narrow: bool) -> None:
 def _footer(console: Console, report: Report, report_path: str) -> None:
     """The engine error, the run's posture and hazards, where the report is, the time and the exit code."""
     if report.error:
-        console.print(f"engine error: {terminal_text(report.error)}", style="red")
+        console.print(f"{error_label(report.exit_code())}: {terminal_text(report.error)}", style="red")
     posture = summary_line(report.posture)
     if posture:
         console.print(terminal_text(posture))
@@ -189,13 +200,50 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
         console.print(terminal_text(covered))
     for line in hazard_summary_lines(report.hazards):
         console.print(terminal_text(line), style="yellow")
-    tm = report.timings
-    console.print(f"report: {terminal_text(report_path)}   time: {tm.get('total_s', 0):.1f}s "
-                  f"(invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s)"
-                  f"   exit {report.exit_code()}")
+    console.print(f"report: {terminal_text(report_path)}   time: {time_text(report)}   exit {report.exit_code()}")
+    beside = other_files(Path(report_path).parent)
+    if beside:
+        console.print(f"also in {terminal_text(str(Path(report_path).parent))}: {', '.join(beside)}", soft_wrap=True)
     spent = timing_line(report.timings)
     if spent:
         console.print(terminal_text(spent), style="dim")
+    command = merge_command(report, report_path)
+    if command:
+        console.print(f"next: {terminal_text(command)}", soft_wrap=True)
+
+
+def time_text(report: Report) -> str:
+    """`1.2s (invariant 0.8s, production 0.4s)`; for a merge, its own time and the shards' mode times apart (they
+    ran on other machines, summed, so they may exceed it)."""
+    tm = report.timings
+    modes = f"invariant {tm.get('invariant_s', 0):.1f}s, production {tm.get('production_s', 0):.1f}s"
+    if isinstance(report.shard, MergedShards):
+        return f"{tm.get('total_s', 0):.1f}s to merge (the {report.shard.count} shards ran {modes}, summed)"
+    return f"{tm.get('total_s', 0):.1f}s ({modes})"
+
+
+def other_files(folder: Path) -> list[str]:
+    """The report folder's files beside report.json that this run wrote (summary.md, junit.xml, ...)."""
+    from oracle.render.files import FILES
+
+    names = [name for name in FILES.values() if name != "report.json" and (folder / name).is_file()]
+    return names + [f"{name}/" for name in ("repro",) if (folder / name).is_dir()]
+
+
+def merge_command(report: Report, report_path: str) -> str | None:
+    """For a shard that ran whole: the `oracle merge` that joins it with the others (their folders named after
+    this one's where its name holds its index, e.g. shard-0 -> shard-1, ...)."""
+    shard = report.shard
+    if not isinstance(shard, ShardSlice) or not report.complete or report.error is not None:
+        return None
+    folder = Path(report_path).parent
+    index, count = str(shard.index), shard.count
+    if folder.name.count(index) == 1:
+        head, _, tail = folder.name.partition(index)
+        folders = " ".join(shlex.quote(str(folder.with_name(f"{head}{i}{tail}"))) for i in range(count))
+    else:
+        folders = shlex.quote(str(folder)) + (f" <the other {count - 1} shards' folders>" if count > 1 else "")
+    return f"once all {count} shards ran: oracle merge {folders} --report-dir oracle-report"
 
 
 def replay_of(report: Report, report_path: str) -> Callable[[int], str]:
@@ -212,7 +260,8 @@ def _replay_lines(console: Console, report: Report, report_path: str, checks: Se
     shrunk = {d.check for d in rows if d.shrunk and d.trial_id is not None}
     for check, command in replay_lines(report, report_path, checks):
         if check not in shrunk:
-            console.print(f"{check}: replay: {terminal_text(command)}")
+            # soft_wrap: never folded at the console's width, so the command pastes whole from a CI log
+            console.print(f"{check}: replay: {terminal_text(command)}", soft_wrap=True)
 
 
 def _caption(rows: list[DivergenceRecord], shown: list[DivergenceRecord]) -> str | None:
@@ -259,7 +308,7 @@ def _divergence_table(console: Console, title: str, rows: list[DivergenceRecord]
     for d in shown:
         shrunk = _shrunk_line(d, replay)
         if shrunk:
-            console.print(shrunk, style="bold")
+            console.print(shrunk, style="bold", soft_wrap=True)
         where = localized_line(d)
         if where:
             console.print(f"  trial {d.trial_id} {terminal_text(d.target)}: {terminal_text(where)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping
 
+from oracle.localized_op import AFTER_MODEL
 from oracle.render.verdict import minimal_first
 from oracle.report import CheckResult, DivergenceRecord, Report
 
@@ -21,7 +22,8 @@ def localized_line(d: DivergenceRecord) -> str | None:
     lo = d.localized_op
     if lo is None:
         return None
-    text = f"first diverging op: {lo.module} ({lo.op})"
+    head = AFTER_MODEL if lo.status == "after_capture" else "first diverging op: "
+    text = f"{head}{lo.module} ({lo.op})"
     if lo.layer is not None:
         text += f", layer {lo.layer}"
     if lo.rank is not None:

@@ -24,7 +24,7 @@ from typing import TextIO
 from oracle.errors import OracleError
 from oracle.render.escape import terminal_text
 from oracle.render.findings import replay_lines
-from oracle.render.verdict import RunVerdict, first_divergence, gate, run_verdict, shown_verdict
+from oracle.render.verdict import RunVerdict, error_label, first_divergence, gate, run_verdict, shown_verdict
 from oracle.report import EXIT_ENGINE, EXIT_OK, EXIT_USAGE, CheckResult, Report, load_report
 
 
@@ -59,7 +59,7 @@ def check_message(report: Report, check: CheckResult, report_path: Path) -> str:
                      f"({d.kind}): token {d.expected_token} -> {d.actual_token}, "
                      f"ULP {d.ulp}, top-2 margin {d.reference_margin}")
         if d.localized_op is not None:
-            lines.append(f"first diverging op: {d.localized_op.summary()}")
+            lines.append(d.localized_op.finding())
         for _, command in replay_lines(report, str(report_path), [check.name]):  # what every view gives
             lines.append(f"replay: {command}")
     lines.append(f"seed {report.seed}; report {report_path}")
@@ -83,7 +83,9 @@ def workflow_commands(report: Report | None, report_path: Path, exit_code: int,
                                          f"({'did not complete' if report.partial else 'a check failed'}); "
                                          "the run is not a pass", config)
     if report.error:
-        yield command("error", "oracle engine", f"engine error: {report.error} (partial report {report_path})",
+        label = error_label(report.exit_code())
+        yield command("error", "oracle" if label != "engine error" else "oracle engine",
+                      f"{label}: {report.error} (partial report {report_path})",
                       config)
     for check in report.checks:
         kind = {"fail": "error", "warn": "warning"}.get(gate(check))

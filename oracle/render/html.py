@@ -14,9 +14,18 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from oracle.localized_op import AFTER_MODEL
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_cells, replay_lines, ulp_text
-from oracle.render.verdict import headline, is_warning, minimal_first, shown_verdict, tone, verdict_label
+from oracle.render.verdict import (
+    error_label,
+    headline,
+    is_warning,
+    minimal_first,
+    shown_verdict,
+    tone,
+    verdict_label,
+)
 from oracle.report import CheckResult, DivergenceRecord, Report
 
 _CSS = """
@@ -237,6 +246,8 @@ def _op_cells(d: DivergenceRecord) -> str:
     """The first diverging op's cells of a divergence row (empty where it names none)."""
     cells = localized_cells(d)
     op = f"{cells['module']} ({cells['op']})" if cells["op"] else cells["module"]
+    if d.localized_op is not None and d.localized_op.status == "after_capture":
+        op = AFTER_MODEL + op  # every op agreed: the one named is the last that did, not a culprit
     return f"<td>{e(op)}</td><td>{e(cells['layer'])}</td><td>{e(cells['forward_pass'])}</td>"
 
 
@@ -294,7 +305,7 @@ def render_html(report: Report, report_path: str = "report.json") -> str:
     environment = report.to_dict()["environment"]  # as written: the typed sections (posture, hazards) as JSON
     env_rows = "".join(f"<tr><td>{e(k)}</td><td>{_env_cell(v)}</td></tr>" for k, v in environment.items()
                        if k != "target_names")
-    err = f'<p class="error">engine error: {e(report.error)}</p>' if report.error else ""
+    err = f'<p class="error">{error_label(report.exit_code())}: {e(report.error)}</p>' if report.error else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>oracle report</title><style>{_CSS}</style></head>
 <body>

@@ -18,7 +18,7 @@ from xml.etree import ElementTree as ET
 
 from oracle.render.escape import xml_text
 from oracle.render.findings import golden_lines, localized_line, replay_line, ulp_text
-from oracle.render.verdict import minimal_first, shown_verdict
+from oracle.render.verdict import error_label, minimal_first, shown_verdict
 from oracle.report import CheckResult, DivergenceRecord, Report
 
 _MAX_LISTED = 20
@@ -61,7 +61,7 @@ def render_junit(report: Report, report_path: str = "report.json") -> str:
         suite = _el(suites, "testsuite", name="oracle.engine", tests=1, failures=0, errors=1, skipped=0)
         case = _el(suite, "testcase", classname="oracle.engine", name="run")
         lines = str(report.error).splitlines()
-        _el(case, "error", report.error, message=(lines[0] if lines else "engine error")[:200])
+        _el(case, "error", report.error, message=(lines[0] if lines else error_label(report.exit_code()))[:200])
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 

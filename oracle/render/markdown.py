@@ -11,6 +11,7 @@ from oracle.render.escape import markdown_text, terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
 from oracle.render.verdict import (
+    error_label,
     headline,
     is_warning,
     minimal_first,
@@ -91,7 +92,7 @@ def _head(report: Report) -> list[str]:
         lines.append(f"| {markdown_text(c.name)} | {markdown_text(c.requirement)} | {_verdict_cell(c)} | {c.trials} | "
                      f"{c.divergent} | {markdown_text(c.message)} |")
     if report.error:
-        lines += ["", f"**engine error:** {markdown_text(report.error)}"]
+        lines += ["", f"**{error_label(report.exit_code())}:** {markdown_text(report.error)}"]
     spent = timing_line(report.timings)
     if spent:
         lines += ["", markdown_text(spent)]

@@ -14,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from oracle.report import EXIT_FAILED, EXIT_OK, PROBLEM_VERDICTS, CheckResult, DivergenceRecord, Report
+from oracle.report import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROBLEM_VERDICTS,
+    CheckResult,
+    DivergenceRecord,
+    Report,
+)
 from oracle.report_sections import ShardSlice
 
 ShownVerdict = Literal["pass", "fail", "vacuous", "error", "skipped", "reported"]
@@ -74,6 +82,16 @@ def run_verdict(exit_code: int) -> RunVerdict:
     if exit_code == EXIT_OK:
         return "pass"
     return "fail" if exit_code == EXIT_FAILED else "error"
+
+
+# What a report's `error` is called, by the exit code it stands for; any other code is the engine's.
+ERROR_LABELS = {EXIT_USAGE: "config/usage error", 130: "interrupted", 143: "terminated"}
+
+
+def error_label(exit_code: int) -> str:
+    """What every view calls a report's `error`: `config/usage error` (exit 2), `interrupted` (130),
+    `terminated` (143), else `engine error`."""
+    return ERROR_LABELS.get(exit_code, "engine error")
 
 
 def headline(report: Report) -> str:

@@ -251,6 +251,23 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     return inv
 
 
+def _check_out_dir(out_dir: Path) -> None:
+    """ConfigError (exit 2) naming --report-dir where the merged report could not be written, creating nothing
+    (a refused merge leaves no empty folder behind)."""
+    import os
+
+    from oracle.render.files import check_report_dir
+
+    if out_dir.exists():
+        check_report_dir(out_dir, "--report-dir")  # there already: its write test leaves nothing behind
+        return
+    parent = next((p for p in out_dir.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"--report-dir: cannot create the report folder {out_dir} ({parent} is a file)")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--report-dir: cannot create the report folder {out_dir} ({parent}: permission denied)")
+
+
 def _replace_earlier_report(out_dir: Path, folders: Sequence[Path], e: BaseException) -> None:
     """A merge refused before it judged anything: an earlier merge's report in `out_dir` must not read as
     this merge's, so it is replaced by one that says why this merge stopped (exit 2, or 130/143)."""
@@ -366,8 +383,9 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
         raise ConfigError(f"--report-dir: {out_dir} is a shard's folder; merge into another one")
     from oracle.render.files import check_report_dir
 
-    check_report_dir(out_dir, "--report-dir")  # a file, or a folder under a file: exit 2 before any shard is read
+    _check_out_dir(out_dir)  # a file, or a folder under a file: exit 2 before any shard is read, nothing made
     shards = _read_shards(folders, out_dir)
+    check_report_dir(out_dir, "--report-dir")  # made only once the shards are known to be one run's
     report = _merged_report(shards)
     s0 = shards.first[1]
     results: dict[Mode, ModeResult] = {m: _combine(m, [s for _, s in shards.loaded]) for m in s0.modes}

@@ -165,7 +165,7 @@ def test_a_difference_made_after_the_last_captured_op_is_said_so(base: Decoder) 
     eng = LateFault(base, "invariant", EngineConfig.of("native", num_threads=1))
     loc = localize_trial(eng, [target()], trial(), 0)
     assert loc is not None and loc.status == "after_capture"
-    assert "after the last captured op" in loc.note and loc.op  # the last op that agreed is named
+    assert "after the model" in loc.note and loc.op and loc.op_class == "other"  # the last op that agreed is named
     # ... in the pass that made the moved step (step 0: the prefill's logits), never a later pass's KV read.
     assert (loc.module, loc.op, loc.kind) == ("lm_head", "aten.mm.default", "out"), loc.describe()
     assert loc.forward_pass == 0 and loc.engine_step == 0 and loc.positions == (len(TARGET) - 1,)

@@ -498,7 +498,7 @@ def test_yaml_config_error_is_a_one_line_collection_error(inner: pytest.Pytester
                                               "schedule:\n  trails: 5\n"})
     result = inner.runpytest()
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.fnmatch_lines(["*_ ERROR collecting oracle-typo.yaml _*", "*oracle-typo.yaml:4: schedule.trails: unknown field",
+    result.stdout.fnmatch_lines(["*_ ERROR collecting oracle-typo.yaml _*", "*oracle-typo.yaml:4: schedule.trails: unknown field; did you mean trials?",
                                  "*= short test summary info =*"])
     assert "Traceback" not in result.stdout.str()
 

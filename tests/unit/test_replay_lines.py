@@ -97,3 +97,29 @@ def test_the_replay_command_pasted_replays_the_divergence(failing: tuple[Report,
     assert argv[0] == "oracle"
     assert main(argv[1:]) == 1  # the divergence again (0 would be a pass; 2 a refused or broken command)
     assert "divergence at step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("width", [80, 140, 200])
+def test_the_consoles_replay_commands_are_whole_on_one_line_at_any_width(failing: tuple[Report, Path],
+                                                                        width: int) -> None:
+    """A CI log is 140 columns wide: a command folded there pastes without its last words (`--trust-report`)."""
+    report, out = failing
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, markup=False, highlight=False, color_system=None)
+    print_summary(console, report, str(out / "report.json"))
+    lines = [line for line in buf.getvalue().splitlines() if "oracle replay" in line]
+    assert lines, buf.getvalue()
+    for line in lines:
+        command = line[line.index("oracle replay"):].strip()
+        assert re.fullmatch(r"oracle replay .+/report\.json'? --trial \d+ --trust-report", command), line
+    assert max(len(line) for line in lines) > width or width == 200  # long enough that folding would have cut it
+
+
+def test_the_console_names_the_report_folders_other_files(failing: tuple[Report, Path]) -> None:
+    report, out = failing
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=140, markup=False, highlight=False, color_system=None), report,
+                  str(out / "report.json"))
+    also = next(line for line in buf.getvalue().splitlines() if line.startswith("also in "))
+    for name in ("summary.md", "junit.xml", "report.html"):
+        assert name in also, also
