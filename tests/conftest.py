@@ -21,6 +21,16 @@ settings.register_profile("oracle-slow", max_examples=200, **_PROPERTIES)  # typ
 settings.load_profile("oracle-fast")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--reverse", action="store_true",
+                     help="run the collected tests in reverse order (a test must not depend on what ran before it)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse"):
+        items.reverse()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     expr = str(config.getoption("markexpr", "") or "")
     if "slow" in expr.replace("not slow", ""):

@@ -53,3 +53,13 @@ def test_sweep_summary_keeps_only_candidates_with_the_configured_bits() -> None:
     best = bench.best_tiles_by_m(sweep)
     assert [(b["m"], b["tiles"]) for b in best] == [(1, {"block_n": 64}), (8, {"block_n": 64})]
     assert best[0]["geomean_speed_vs_cublas"] == pytest.approx(1.0) and best[0]["min_speed_vs_cublas"] == 0.5
+
+
+def test_tables_print_the_worst_ratio_first_and_name_the_misses() -> None:
+    rows = [{"m": 1, "k": 8, "n": 8, "speed_vs_cublas": 1.02}, {"m": 8, "k": 8, "n": 8, "speed_vs_cublas": 0.86},
+            {"m": 64, "k": 8, "n": 8, "speed_vs_cublas": float("nan")}, {"m": 32, "k": 8, "n": 8, "speed_vs_cublas": 0.95}]
+    assert [r["m"] for r in bench.worst_first(rows, "speed_vs_cublas")] == [8, 32, 1, 64]
+    assert [r["m"] for r in bench.misses(rows, *bench.TARGETS["matmul"])] == [8]  # 0.95 itself meets the target
+    line = bench._misses_line("matmul", rows, ("m", "k", "n"))
+    assert line.startswith("1 of 4 below 0.95x (speed_vs_cublas): (m=8 k=8 n=8) 0.86x")
+    assert bench.TARGETS["attention"] == ("speed_vs_splitkv", 0.9)

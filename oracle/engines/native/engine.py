@@ -29,6 +29,7 @@ from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
 from oracle.engines.native.parallel import Reducer
+from oracle.engines.native.profile import StepProfile
 from oracle.engines.native.sampler import SampledRows, request_generator, sample_rows
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
@@ -131,6 +132,8 @@ class NativeEngine:
         self._graphs: DecodeGraphs | None = None
         self.forward_seconds = 0.0  # time inside forward passes, summed while `timed` is on (bench)
         self.timed = False
+        self.profile: StepProfile | None = None  # per-phase step times while set (oracle.bench_profile)
+        self._forward_kind = "prefill"  # what the last `_forward` ran (profile.FORWARD_KINDS)
         if self.tensor_parallel_size > 1:  # last: the ranks' kernel audit runs this engine
             from oracle.engines.native.sharded import start_ranks
 
@@ -262,11 +265,18 @@ class NativeEngine:
         generators = [self._generator(r) for r in requests]
         with torch.no_grad(), self._threads(), self._kernels():
             step = 0
+            profile = self.profile
             while not scheduler.is_done():
+                if profile is not None:
+                    profile.start()
                 batch = scheduler.schedule(step)
+                if profile is not None:
+                    profile.phase("schedule")
                 if batch:
                     sampled = self._run_step(step, batch, requests, outs, generators)
                     scheduler.update(batch, sampled)
+                    if profile is not None:
+                        profile.phase("record")
                 step += 1
         return outs
 
@@ -278,13 +288,25 @@ class NativeEngine:
         generators: list[torch.Generator | None],
     ) -> dict[int, int]:
         clock = _ForwardClock(self.device) if self.timed else None
+        profile = self.profile
+        began = profile.forward_begin() if profile is not None else None
         logits = self._forward(step, batch)  # [R, vocab] float32, R = sequences that sample; queued on the device
         if clock is not None:
             clock.stop()
+        num_tokens = sum(item.num_new_tokens for item in batch)
+        if profile is not None:
+            profile.forward_end(self._forward_kind, began, len(batch), num_tokens)
+            profile.phase("launch")
         # Host work while the device computes.
-        self._evidence(step, batch, sum(item.num_new_tokens for item in batch), outs)
+        self._evidence(step, batch, num_tokens, outs)
+        if profile is not None:
+            profile.phase("evidence")
         done = [item.seq.index for item in batch if item.completes]
-        rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done])
+        rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
+                           before_copy=profile.sampled if profile is not None else None)
+        if profile is not None:
+            profile.phase("sample")
+            profile.read_device_times()
         if clock is not None:
             self.forward_seconds += clock.seconds()
         self._record(rows, done, outs)
@@ -300,15 +322,18 @@ class NativeEngine:
 
         Under per-op capture (oracle.capture) every pass runs eagerly, inside the capture's context.
         """
+        decode = all(item.num_new_tokens == 1 and item.completes for item in batch)
+        self._forward_kind = "decode_eager" if decode else "prefill"
         if self.ranks is not None:
             return self._sharded_forward(step, batch)
         if self.pass_hook is not None:
             inputs = self._prepare(batch)
             with self.pass_hook(step, batch, inputs):
                 return self.decoder.forward(inputs, self._kv)
-        if self.cuda_graphs and all(item.num_new_tokens == 1 and item.completes for item in batch):
+        if self.cuda_graphs and decode:
             graphs = self._decode_graphs()
             if graphs.bucket_for(len(batch)) is not None:
+                self._forward_kind = "decode_graph"
                 bs = self.block_size
                 positions = [item.seq.num_computed_tokens for item in batch]
                 return graphs.run(

@@ -11,12 +11,19 @@ and the captured attention runs the same kernel programs as the eager one
 
 The per-step inputs are one int64 buffer per graph: ids, positions, slots, context lengths
 [bucket] each, then the block table [bucket, width]; one host-to-device copy fills it.
+
+Every capture of one engine shares one memory pool and one capture stream of its own, and is
+warmed up on that stream first. A capture that fails is closed in the allocator before the error
+propagates (`capturing`), so the pool never stays "recording"; the next capture takes a fresh pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -33,6 +40,55 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
 def width_bucket(num_blocks: int) -> int:
     """The block-table width of the graph that holds a table of `num_blocks` columns."""
     return 1 << max(0, (max(1, num_blocks) - 1).bit_length())
+
+
+class _Capturable(Protocol):
+    def capture_begin(self, pool: Any = None) -> None: ...
+    def capture_end(self) -> None: ...
+
+
+@contextlib.contextmanager
+def capturing(graph: _Capturable, pool: Any, stream: contextlib.AbstractContextManager[Any],
+              end_allocate: Callable[[], None]) -> Iterator[None]:
+    """Capture the body into `graph` on `stream` (a stream context), allocating from `pool`.
+
+    Every way out closes the capture. `torch.cuda.graph` does not: where capture_begin fails after
+    registering the pool with the allocator, or capture_end fails (an invalidated capture: its
+    cudaStreamEndCapture raises before the allocator is told), the pool stays registered as recording
+    and the capture stream stays current, and the next capture into that pool raises
+    `beginAllocateToPool: already recording to mempool_id`. Here any failure calls `end_allocate`
+    (which ignores a pool that is not recording) and exits the stream context before it propagates.
+
+    Python's cyclic garbage collector is off meanwhile: a collection inside the capture may destroy
+    another engine's CUDA graph, a call that a stream capture in global mode does not allow, which
+    invalidates this capture.
+    """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with stream:
+            try:
+                graph.capture_begin(pool=pool)
+                try:
+                    yield
+                finally:
+                    graph.capture_end()
+            except BaseException:
+                end_allocate()
+                raise
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _end_allocate_to_pool(device: torch.device, pool: Any) -> None:
+    """End a capture's allocation to `pool` in torch's caching allocator, if it is still open."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None:
+        return
+    # RuntimeError "not currently recording": capture_end had closed it, or begin never opened it.
+    with contextlib.suppress(RuntimeError):
+        end(device.index if device.index is not None else torch.cuda.current_device(), pool)
 
 
 @dataclass
@@ -55,8 +111,10 @@ class DecodeGraphs:
         self.block_size = block_size
         self.buckets = decode_buckets(max_num_seqs)
         self.num_kv_splits = num_kv_splits
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle()  # shared by this engine's captures, never by another's
+        self.stream = torch.cuda.Stream(decoder.device)  # warm-ups and captures run here
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.failed_captures = 0
 
     def bucket_for(self, num_seqs: int) -> int | None:
         return next((b for b in self.buckets if b >= num_seqs), None)
@@ -103,15 +161,24 @@ class DecodeGraphs:
     def _capture(self, bucket: int, width: int, host: torch.Tensor) -> _Graph:
         device = self.decoder.device
         packed = host.to(device)
-        # Warm-up on a side stream (kernel compilation, cuBLASLt's first-call checks), then capture.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        current = torch.cuda.current_stream(device)
+        # Warm-up on the capture stream (kernel compilation, cuBLASLt's first-call checks, the stream's
+        # cuBLAS workspace), so that nothing is created for the first time inside the capture.
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
             self._forward(packed, bucket, width)
-        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(packed, bucket, width)
+        try:
+            with capturing(graph, self.pool, torch.cuda.stream(self.stream),
+                           lambda: _end_allocate_to_pool(device, self.pool)):
+                logits = self._forward(packed, bucket, width)
+        except BaseException:
+            # The pool may hold a half-made capture's blocks: later captures take a fresh one.
+            self.failed_captures += 1
+            self.pool = torch.cuda.graph_pool_handle()
+            raise
+        current.wait_stream(self.stream)
         entry = _Graph(graph, packed, logits)
         self.graphs[(bucket, width)] = entry
         return entry

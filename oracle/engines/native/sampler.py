@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,9 +131,12 @@ def request_generator(sampling: SamplingParams) -> torch.Generator | None:
 
 
 def sample_rows(
-    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+    before_copy: Callable[[], None] | None = None,
 ) -> SampledRows:
-    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows)."""
+    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows).
+
+    `before_copy` is called once the device work is queued, right before the copy (the profile's event)."""
     device = logits.device
     num_rows, vocab = logits.shape
     tokens = choose(logits, sampling, generators)  # [R]
@@ -146,7 +149,10 @@ def sample_rows(
         index = torch.tensor(digest_rows, device=device)
         lanes[index] = fingerprint(logits[index])
         columns.append(lanes)
-    host = torch.cat(columns, dim=1).cpu().numpy()  # [R, 4 (+ lanes)]: the step's one copy
+    packed = torch.cat(columns, dim=1)
+    if before_copy is not None:
+        before_copy()
+    host = packed.cpu().numpy()  # [R, 4 (+ lanes)]: the step's one copy
     full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
     full: dict[int, Any] = {}
     if full_rows:
