@@ -289,19 +289,18 @@ class VllmEngine:
         """
         from oracle.capture.rules import LocalizedOp
 
-        ranks = self.spec.tensor_parallel_size * self.spec.pipeline_parallel_size
-        if ranks > 1:
-            # The capture hooks the model in the worker's process; at TP/PP > 1 the model runs in vLLM's rank
-            # processes, where no capture is built yet. Said, never silently nothing.
+        stages = self.spec.pipeline_parallel_size
+        if stages > 1:
+            # Each rank captures its own passes, but a pipeline stage holds only some layers and hands its
+            # activations on: the rule across stages is not built. Said, never silently nothing.
             return LocalizedOp(
                 # The narrowest bound known is the whole model; -1: no forward pass was captured.
-                module="model", op=f"not captured in the {ranks} rank processes", layer=None, forward_pass=-1, engine_step=None, positions=(), shape=(), ulp=None,
-                max_abs_diff=None, inputs_equal=None, status="inconclusive", eager=self.spec.enforce_eager,
-                note=f"not localized: the model runs in {ranks} rank processes (tensor_parallel_size "
-                     f"{self.spec.tensor_parallel_size}, pipeline_parallel_size {self.spec.pipeline_parallel_size}) "
-                     "and the vllm engine captures ops only where the model runs in its worker's own process "
-                     "(tensor_parallel_size 1); replay the trial at TP 1 to localize what does not depend on the "
-                     "ranks")
+                module="model", op=f"not captured across the {stages} pipeline stages", layer=None, forward_pass=-1,
+                engine_step=None, positions=(), shape=(), ulp=None, max_abs_diff=None, inputs_equal=None,
+                status="inconclusive", eager=self.spec.enforce_eager,
+                note=f"not localized: the model runs in {stages} pipeline stages (pipeline_parallel_size {stages}) "
+                     "and the vllm engine captures every tensor-parallel rank, not across stages; replay the "
+                     "trial at pipeline_parallel_size 1 to localize it")
         msg = ("localize", expected, actual, str(repro_dir) if repro_dir is not None else None)
         if self.spec.enforce_eager:
             found = self._live().call(msg, self.timeout_s)

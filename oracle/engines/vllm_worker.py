@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from oracle.engines.contract import Completion, Request, SamplingParams, StepEvidence
+from oracle.engines.vllm_tap import Scheduled, SchedulerTap
 
 _AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
 
@@ -67,54 +68,6 @@ class NotInForce(Exception):
 
 
 @dataclass
-class _Scheduled:
-    """One request's share of one forward pass, read from the scheduler right after it scheduled."""
-
-    num_seqs: int
-    num_tokens: int
-    is_prefill: bool
-    completes: bool  # the pass reaches the end of the known tokens, so it samples a token
-    num_computed_before: int
-    num_output_tokens: int
-    num_new_tokens: int = 0
-
-
-class _SchedulerTap:
-    """Wraps `scheduler.schedule` to keep, per call, what each scheduled request did in that pass.
-
-    Read inside the call because the scheduler advances `num_computed_tokens` there and frees
-    finished requests in `update_from_output`, after which they are gone.
-    """
-
-    def __init__(self, scheduler: Any) -> None:
-        self._scheduler = scheduler
-        self._schedule = scheduler.schedule
-        self.passes: list[dict[str, _Scheduled]] = []
-        scheduler.schedule = self._tapped
-
-    def _tapped(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._schedule(*args, **kwargs)
-        counts: dict[str, int] = out.num_scheduled_tokens
-        total = int(out.total_num_scheduled_tokens)
-        one: dict[str, _Scheduled] = {}
-        for rid, n in counts.items():
-            req = self._scheduler.requests[rid]
-            after = int(req.num_computed_tokens)  # already advanced by this pass
-            one[rid] = _Scheduled(
-                num_seqs=len(counts), num_tokens=total, is_prefill=after - n < req.num_prompt_tokens,
-                completes=after >= req.num_tokens, num_computed_before=after - n,
-                num_output_tokens=int(req.num_output_tokens), num_new_tokens=int(n),
-            )
-        if total:
-            self.passes.append(one)
-        return out
-
-    def take(self) -> list[dict[str, _Scheduled]]:
-        passes, self.passes = self.passes, []
-        return passes
-
-
-@dataclass
 class _Track:
     """Per request of one generate call."""
 
@@ -124,7 +77,7 @@ class _Track:
     prefill_passes: int = 0
     num_cached_tokens: int = 0
 
-    def record_pass(self, step: int, seq_position: int, p: _Scheduled, shape: dict[str, Any]) -> None:
+    def record_pass(self, step: int, seq_position: int, p: Scheduled, shape: dict[str, Any]) -> None:
         """This request's share of one forward pass (`p`), in a pass of `shape`, as one step of evidence."""
         if p.is_prefill and self.prefill_passes == 0:
             self.num_cached_tokens = p.num_computed_before  # a new request starts past its cached prefix
@@ -138,7 +91,7 @@ class _Track:
         ))
 
 
-def _pass_shape(passes: list[_Scheduled]) -> dict[str, Any]:
+def _pass_shape(passes: list[Scheduled]) -> dict[str, Any]:
     """The shape of one forward pass, from every request the scheduler put in it (ours and vLLM's own)."""
     prefill = sum(p.num_new_tokens for p in passes if p.is_prefill)
     return {
@@ -195,7 +148,7 @@ class WorkerEngine:
         client: Any = self.engine.engine_core  # an InprocClient with VLLM_ENABLE_V1_MULTIPROCESSING=0
         core = client.engine_core
         self.scheduler = core.scheduler
-        self.tap = _SchedulerTap(self.scheduler)
+        self.tap = SchedulerTap(self.scheduler)
         self.internal_ids: dict[str, str] = {}  # the caller's request id -> vLLM's
         self.vocab_size = int(self.engine.model_config.get_vocab_size())
         self.info: dict[str, Any] = {
@@ -268,18 +221,25 @@ class WorkerEngine:
         return bool(self.engine.reset_prefix_cache())
 
     def localize(self, expected: Any, actual: Any, repro_dir: str | None = None) -> dict[str, Any] | None:
-        """Localize here (`oracle.capture.localize_with`): both runs captured per op, the op confirmed
-        alone, `repro_dir` written; the finding as JSON, or None.
+        """Localize here: both runs captured per op, the op confirmed alone, the finding as JSON, or None. At TP 1
+        in this process (`oracle.capture.localize_with`, `repro_dir` written); at TP > 1 in every rank
+        (`oracle.engines.vllm_ranks`, no repro/).
 
         Only meaningful with `enforce_eager`: CUDA graphs and torch.compile run ops no dispatch mode sees.
         """
         from pathlib import Path
 
         from oracle.capture import localize_with
+        from oracle.engines.vllm_capture import in_process
 
-        with _vllm_capture(self) as capture:
-            found = localize_with(capture, expected, actual, eager=self.spec.enforce_eager,
-                                  repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
+        if self.spec.tensor_parallel_size > 1:
+            from oracle.engines.vllm_ranks import localize_in_ranks
+
+            found = localize_in_ranks(self, expected, actual)
+        else:
+            with in_process(self) as capture:
+                found = localize_with(capture, expected, actual, eager=self.spec.enforce_eager,
+                                      repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
         return found.to_json() if found is not None else None
 
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None) -> list[Completion]:
@@ -383,201 +343,6 @@ def _mode_args(spec: WorkerSpec) -> dict[str, Any]:
     if not current_platform.is_cuda():
         return dict(spec.engine_args)
     return oracle_kernels_args(spec.engine_args, spec.enforce_eager)
-
-
-def _find_model(engine: WorkerEngine) -> Any:
-    """The model (an nn.Module) inside vLLM's in-process engine core: executor -> worker -> runner -> model."""
-    core = engine.engine.engine_core.engine_core
-    executor = core.model_executor
-    worker = getattr(executor, "driver_worker", None)
-    worker = getattr(worker, "worker", worker)
-    runner = getattr(worker, "model_runner", None)
-    model = getattr(runner, "model", None)
-    if model is None and runner is not None and hasattr(runner, "get_model"):
-        model = runner.get_model()
-    if model is None:
-        raise RuntimeError("localize: cannot find the model in this vLLM version's engine core")
-    return model
-
-
-def _rows_of(positions: list[int], ids: list[int] | None, start: int, n: int, tokens: list[int] | None) -> list[int]:
-    """Every row r of a flattened pass where a sequence's tokens start..start+n-1 could sit (by position and id)."""
-    want = list(range(start, start + n))
-    hits = []
-    for r in range(len(positions) - n + 1):
-        if positions[r] != start or positions[r:r + n] != want:
-            continue
-        if ids is not None and tokens is not None and ids[r:r + n] != tokens[start:start + n]:
-            continue
-        hits.append(r)
-    return hits
-
-
-def _flat_inputs(kwargs: dict[str, Any]) -> tuple[list[int], list[int] | None] | None:
-    """A forward's `[num_tokens]` positions and token ids (None where the forward is given none), or None
-    without positions."""
-    positions_t, ids_t = kwargs.get("positions"), kwargs.get("input_ids")
-    if positions_t is None:
-        return None
-    positions = [int(p) for p in positions_t.reshape(-1).tolist()]
-    ids = [int(i) for i in ids_t.reshape(-1).tolist()] if ids_t is not None else None
-    return positions, ids
-
-
-def _row_starts(engine: WorkerEngine, now: dict[str, _Scheduled], positions: list[int],
-                ids: list[int] | None) -> dict[str, list[int]]:
-    """Per request of the pass, every row where its new tokens could start (one, where the pass tells them apart)."""
-    starts: dict[str, list[int]] = {}
-    for rid, sched in now.items():
-        request = engine.scheduler.requests.get(rid)
-        tokens = list(getattr(request, "all_token_ids", [])) or None
-        starts[rid] = _rows_of(positions, ids, sched.num_computed_before, sched.num_new_tokens, tokens)
-    return starts
-
-
-def _pass_evidence(now: dict[str, _Scheduled], me: _Scheduled, enforce_eager: bool) -> dict[str, Any]:
-    """What the pass was, and the target's share of it (`me`), for the localized finding."""
-    prefill = [p for p in now.values() if p.is_prefill]
-    n, c = me.num_new_tokens, me.num_computed_before
-    return {"num_seqs": me.num_seqs, "num_tokens": me.num_tokens,
-            "num_prefill_tokens": sum(p.num_new_tokens for p in prefill),
-            "num_decode_tokens": sum(p.num_new_tokens for p in now.values() if not p.is_prefill),
-            "target_num_tokens": n, "target_is_prefill": me.is_prefill,
-            "target_kv_len": c + n, "enforce_eager": enforce_eager}
-
-
-def _seq_index(starts: dict[str, list[int]], first: int) -> int | None:
-    """The rank of the sequence whose rows start at `first` among the pass's sequences, None unless every
-    sequence's rows were told apart. Sequences are laid out in the order of the input batch, which is also their
-    block-table row."""
-    if not all(len(v) == 1 for v in starts.values()):
-        return None
-    return sorted(v[0] for v in starts.values()).index(first)
-
-
-def _block_size(engine: WorkerEngine) -> Any:
-    """The KV cache's block size from the engine's `VllmConfig`, None where it does not say."""
-    cache_config = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
-    return getattr(cache_config, "block_size", None)
-
-
-def _vllm_layout(engine: WorkerEngine, forward_pass: int, step: int, kwargs: dict[str, Any],
-                 target_rid: str) -> Any:
-    """The target's rows in one vLLM forward over flattened `[num_tokens]` inputs.
-
-    The scheduler tap says which positions the target computes in this pass; its rows are the
-    run of rows holding those positions (and its token ids); its logits row is its rank among the
-    pass's sequences, which vLLM lays out in the order of their rows.
-    """
-    from oracle.capture.rows import Grid, PassLayout
-
-    now = engine.tap.passes[-1] if engine.tap.passes else {}
-    me = now.get(target_rid)
-    if me is None:  # a pass without the target: no copy of its inputs to the host (a sync on CUDA)
-        return None
-    flat = _flat_inputs(kwargs)
-    if flat is None:
-        return None
-    positions, ids = flat
-    starts = _row_starts(engine, now, positions, ids)
-    mine = starts[target_rid]
-    if len(mine) != 1:
-        return None  # not found, or another sequence holds the same tokens at the same positions
-    first, n, c = mine[0], me.num_new_tokens, me.num_computed_before
-    grids = [Grid((len(positions),), tuple((first + k,) for k in range(n)), tuple(range(c, c + n)))]
-    seq_index = _seq_index(starts, first)
-    if me.completes and seq_index is not None and len(now) != len(positions):
-        grids.append(Grid((len(now),), ((seq_index,),), (c + n - 1,)))  # [num_seqs, vocab] logits
-    return PassLayout(forward_pass, step, tuple(grids), _pass_evidence(now, me, engine.spec.enforce_eager),
-                      seq_index=seq_index, kv_len=c + n, block_size=_block_size(engine))
-
-
-# FlashAttention's ops return `Tensor[]` with alias annotations that fail under Python dispatch: the
-# capture observes their calls at the Python level (oracle.capture.rows.RowCapture.bypass).
-BYPASS_OPS = ("_vllm_fa3_C.fwd", "_vllm_fa2_C.varlen_fwd", "_vllm_fa2_C.fwd_kvcache")
-
-
-@contextlib.contextmanager
-def _vllm_capture(engine: WorkerEngine) -> Iterator[Any]:
-    """Yields `capture(run, rows) -> Completion`: hooks on every module of vLLM's model name the scope;
-    the model's forward opens a pass that stays open through the step (vLLM computes logits after it)."""
-    import itertools
-
-    import torch
-
-    from oracle.capture.rows import RowCapture
-    from oracle.engines.contract import RunSpec
-
-    model = _find_model(engine)
-    stack: list[str] = []
-    state: dict[str, Any] = {"target": None, "step": 0, "open": None, "counter": itertools.count(), "rows": None}
-
-    def close_pass() -> None:
-        if state["open"] is not None:
-            state["open"].close()
-            state["open"] = None
-
-    def begin(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        close_pass()
-        named = dict(zip(("input_ids", "positions"), args, strict=False)) | kwargs
-        rid = engine.internal_ids.get(state["target"])  # set when the request was added, before its first pass
-        layout = _vllm_layout(engine, next(state["counter"]), state["step"], named, rid) if rid else None
-        rows: RowCapture | None = state["rows"]
-        if layout is None or rows is None:
-            return
-        exits = contextlib.ExitStack()
-        inputs = [t for t in (named.get("input_ids"), named.get("positions")) if isinstance(t, torch.Tensor)]
-        exits.enter_context(rows.forward_pass(layout, inputs))
-        state["open"] = exits
-
-    def push(name: str) -> Any:
-        return lambda module, args: stack.append(name)
-
-    def pop(module: Any, args: Any, output: Any) -> None:
-        if stack:
-            stack.pop()
-
-    handles = [model.register_forward_pre_hook(begin, with_kwargs=True)]
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(push(name)))
-            handles.append(module.register_forward_hook(pop, always_call=True))
-    original_step = engine.engine.step
-
-    def step() -> Any:
-        try:
-            return original_step()
-        finally:
-            close_pass()
-            state["step"] += 1
-
-    def run(spec: RunSpec, rows: RowCapture) -> Completion:
-        state["target"] = None  # nothing is captured while the cache is warmed
-        state["rows"] = None
-        if engine.spec.enable_prefix_caching:
-            engine.engine.reset_prefix_cache()
-        if spec.warm_with:
-            engine.generate(list(spec.warm_with), None)
-        rows.module_path = lambda: stack[-1] if stack else ""
-        rows.bypass = BYPASS_OPS
-        rows.enter = ("vllm",)  # vllm::unified_attention_with_output and kin: the kernels inside are named
-        state.update(step=0, counter=itertools.count(), rows=rows,
-                     target=spec.requests[spec.target_index].request_id)
-        try:
-            out = engine.generate(list(spec.requests), spec.max_num_batched_tokens)
-        finally:
-            close_pass()
-            state["rows"] = None
-        return out[spec.target_index]
-
-    engine.engine.step = step
-    try:
-        yield run
-    finally:
-        del engine.engine.step
-        close_pass()
-        for h in handles:
-            h.remove()
 
 
 _UNKNOWN = "unknown"

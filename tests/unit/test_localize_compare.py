@@ -129,21 +129,18 @@ def test_an_op_that_writes_its_output_argument_is_captured() -> None:
 
 
 def test_vllm_rows_are_found_by_position_and_token() -> None:
-    from types import SimpleNamespace
-
-    from oracle.engines.vllm_worker import _rows_of, _Scheduled, _vllm_layout
+    from oracle.engines.vllm_capture import pass_layout, rows_of
+    from oracle.engines.vllm_tap import PassContext, Scheduled
 
     # A pass of a decode (request a at position 7) then a 3-token prefill chunk (request b, positions 4-6).
     positions, ids = [7, 4, 5, 6], [70, 40, 50, 60]
-    assert _rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 40, 50, 60]) == [1]
-    assert _rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 41, 50, 60]) == []
-    now = {"a": _Scheduled(2, 4, False, True, 7, 1, num_new_tokens=1),
-           "b": _Scheduled(2, 4, True, True, 4, 0, num_new_tokens=3)}
-    engine = SimpleNamespace(
-        tap=SimpleNamespace(passes=[now]), spec=SimpleNamespace(enforce_eager=True),
-        scheduler=SimpleNamespace(requests={"a": SimpleNamespace(all_token_ids=[0] * 7 + [70]),
-                                            "b": SimpleNamespace(all_token_ids=[0, 0, 0, 0, 40, 50, 60])}))
-    layout = _vllm_layout(engine, 3, 9, {"positions": torch.tensor(positions), "input_ids": torch.tensor(ids)}, "b")
+    assert rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 40, 50, 60]) == [1]
+    assert rows_of(positions, ids, 4, 3, [0, 0, 0, 0, 41, 50, 60]) == []
+    now = {"a": Scheduled(2, 4, False, True, 7, 1, num_new_tokens=1),
+           "b": Scheduled(2, 4, True, True, 4, 0, num_new_tokens=3)}
+    ctx = PassContext(9, "b", now, {"a": (0,) * 7 + (70,), "b": (0, 0, 0, 0, 40, 50, 60)}, None, True)
+    layout = pass_layout(ctx, 3, {"positions": torch.tensor(positions), "input_ids": torch.tensor(ids)})
+    assert layout.engine_step == 9 and layout.forward_pass == 3
     tokens, logits = layout.grids
     assert tokens.shape == (4,) and tokens.rows == ((1,), (2,), (3,)) and tokens.positions == (4, 5, 6)
     assert logits.shape == (2,) and logits.rows == ((1,),) and logits.positions == (6,)  # b's rows come second
