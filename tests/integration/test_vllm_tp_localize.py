@@ -105,7 +105,7 @@ def test_a_matmul_that_follows_m_in_rank_1_is_named_in_its_rank_and_confirmed(
     assert loc is not None, "a diverging trial localized to nothing"
     print(f"\nplanted matmul, rank 1: {loc.describe()}; {loc.confirmation}: {loc.confirm_note}")
     assert loc.status == "localized" and loc.rank == 1, loc.describe()
-    assert loc.op == "aten.mm.default" and loc.op_class == "matmul"
+    assert loc.op == "aten.linear.default" and loc.op_class == "matmul"  # F.linear, whose mm is the planted one
     assert loc.module == "model.layers.0.mlp.down_proj" and loc.inputs_equal
     assert loc.confirmation == "confirmed", loc.confirm_note
     assert loc.depends_on.get("rows") == [1, 3]

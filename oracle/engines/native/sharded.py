@@ -8,7 +8,7 @@ whose passes reached a batch-variant op on torch's kernels, or none of ours, sto
 `KernelsNotInForce` naming the rank.
 
 Localization captures every rank (the native capture in each rank's process, with rank 0's layout of the
-target's rows sent with each pass) and applies the rule rank by rank (`oracle.capture.rules`): each rank's
+target's rows sent with each pass) and applies the rule rank by rank (`oracle.capture.ranks`): each rank's
 first op whose inputs agree and whose output differs. Of those, the first in execution order is named, with
 its rank, except a communication op whose inputs differ in another rank (a partial that moved elsewhere is
 not the all-reduce's doing). A communication op is confirmed by re-running the reduction alone (the
@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from oracle.capture import Captured, LocalizedOp, RowCapture, localize_captured
-from oracle.capture.rules import Finding, inputs_equal_at
+from oracle.capture import Captured, LocalizedOp, RowCapture
+from oracle.capture.ranks import localize_ranks
+from oracle.capture.rules import Finding
 from oracle.config import EngineConfig
 from oracle.engines.contract import Request, RunSpec, SamplingParams
 from oracle.engines.native.model import Decoder
@@ -157,77 +158,17 @@ def capture_all(engine: Any, run: RunSpec,
     return captured, snaps
 
 
-def _inputs_equal(exp: Captured, act: Captured, key: Any, forward_pass: int, positions: list[int]) -> bool | None:
-    """Whether the call `key` of pass `forward_pass` read equal rows at `positions` in both runs of one rank."""
-    call = next((c for c in act.calls if c.key == key and c.forward_pass == forward_pass), None)
-    if call is None:
-        return None
-    return inputs_equal_at(exp.rows_at(), act.rows_at(), call, positions)
-
-
 def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
                      repro_dir: Path | None = None) -> LocalizedOp | None:
-    """Both runs captured in every rank, the rule applied rank by rank, the first root named with its rank and
-    confirmed alone (module docstring)."""
+    """Both runs captured in every rank, the rule applied rank by rank (`oracle.capture.ranks`), the first root
+    named with its rank and confirmed alone (module docstring)."""
     exp, _ = capture_all(engine, expected)
     act, _ = capture_all(engine, actual)
     prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
-    findings = [localize_captured(e, a, target_prompt_len=prompt_len) for e, a in zip(exp, act, strict=True)]
-    skipped: list[str] = []
-    for rank, f in _roots(findings):
-        moved = _moved_elsewhere(exp, act, rank, f)
-        if moved:
-            call = f.actual_call
-            assert call is not None
-            skipped.append(f"rank {rank}'s {call.key[0]} {call.key[1]} changed with equal inputs in its rank, "
-                           f"but its inputs in {_ranks_word(moved)} had changed")
-            continue
-        op = _with_rank(f, rank, findings, skipped)
-        return _confirm(engine, expected, actual, replace(f, op=op), rank, len(exp), repro_dir)
-    return _rank0_answer(findings, skipped)
-
-
-def _ranks_word(ranks: list[int]) -> str:
-    """`rank 1` or `ranks 1, 2`."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
-
-def _roots(findings: list[Finding]) -> list[tuple[int, Finding]]:
-    """(rank, finding) of every rank that named an op, in execution order (pass, then call, then rank)."""
-    named = [(rank, f) for rank, f in enumerate(findings)
-             if f.op is not None and f.op.status == "localized" and f.actual_call is not None]
-    return sorted(named, key=lambda x: (x[1].actual_call.forward_pass, x[1].actual_call.index, x[0]))  # type: ignore[union-attr]
-
-
-def _moved_elsewhere(exp: list[Captured], act: list[Captured], rank: int, f: Finding) -> list[int]:
-    """For a communication op: the other ranks whose inputs to it had changed (it then only passed their change
-    on); empty for any other op, which reads only its own rank's inputs."""
-    assert f.op is not None and f.actual_call is not None
-    if f.op.op_class != "communication":
-        return []
-    call = f.actual_call
-    return [q for q in range(len(exp)) if q != rank and _inputs_equal(
-        exp[q], act[q], call.key, call.forward_pass, list(f.op.positions)) is False]
-
-
-def _with_rank(f: Finding, rank: int, findings: list[Finding], skipped: list[str]) -> LocalizedOp:
-    """The named op with its rank, and a note of the other ranks where the same call changed too."""
-    assert f.op is not None and f.actual_call is not None
-    call = f.actual_call
-    also = [q for q, g in enumerate(findings) if q != rank and g.actual_call is not None
-            and g.actual_call.key == call.key and g.actual_call.forward_pass == call.forward_pass]
-    same = f"the same op changed in {_ranks_word(also)} too" if also else ""
-    return replace(f.op, rank=rank, note="; ".join(x for x in (f.op.note, same, *skipped[:2]) if x))
-
-
-def _rank0_answer(findings: list[Finding], skipped: list[str]) -> LocalizedOp | None:
-    """No rank named an op: rank 0's answer (the engine's outputs are rank 0's), `inconclusive` where a
-    communication op was passed over, never nothing where they differ."""
-    first = next((f.op for f in findings if f.op is not None and f.op.status != "localized"), None)
-    if first is None:
-        return None
-    note = "; ".join(x for x in (first.note, *skipped[:2]) if x)
-    return replace(first, rank=0, status="inconclusive" if skipped else first.status, note=note)
+    found = localize_ranks(exp, act, target_prompt_len=prompt_len)
+    if found.rank is None:
+        return found.finding.op
+    return _confirm(engine, expected, actual, found.finding, found.rank, len(exp), repro_dir)
 
 
 def _confirm(engine: Any, expected: RunSpec, actual: RunSpec, finding: Finding, rank: int,
