@@ -109,3 +109,46 @@ def test_a_matmul_that_follows_m_in_rank_1_is_named_in_its_rank_and_confirmed(
     assert loc.module == "model.layers.0.mlp.down_proj" and loc.inputs_equal
     assert loc.confirmation == "confirmed", loc.confirm_note
     assert loc.depends_on.get("rows") == [1, 3]
+
+
+def test_oracle_run_localizes_every_failing_trial_to_rank_1s_all_reduce(
+        small_qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`oracle run` at TP 2 with `localize: all`: invariance fails, the failing trial is shrunk, and every failing
+    trial (shrunk ones included) is localized to rank 1's all-reduce, confirmed."""
+    import json
+
+    import yaml
+
+    from oracle.cli import main
+
+    folder = vllm_planted_tp.install(tmp_path / "plugins")
+    (folder / "fault").write_text("all_reduce")
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    config = {
+        "model": str(small_qwen3),
+        "engine": {"kind": "vllm", "dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 64,
+                   "num_threads": 1,
+                   "options": {"invariance": "oracle_kernels", "tensor_parallel_size": 2, "audit": False,
+                               "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONPATH": path,
+                                       vllm_planted_tp.ENV: str(folder / "fault")}}},
+        "prompts": {"random": {"count": 1, "min_len": 8, "max_len": 12, "seed": 0}},
+        "sampling": {"max_tokens": 3, "logits": "full"},
+        "schedule": {"trials": 3, "seed": 1, "batch_size": [2, 3], "filler_len": [3, 8], "filler_max_tokens": [2, 3],
+                     "repeat_trials": 0, "max_shrink_runs": 3},
+        "checks": {"invariance": {"requirement": "required", "localize": "all"}, "fidelity": "off", "drift": "off",
+                   "negative_control": "off", "prefill_decode": "off", "prefix_cache": "off", "tp_parity": "off"},
+    }
+    yaml_path = tmp_path / "tp2.yaml"
+    yaml_path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(yaml_path), "--report-dir", str(tmp_path / "report")]) == 1  # invariance fails
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    found = [d for d in report["divergences"] if d["check"] == "invariance"]
+    assert found and any(d["evidence"].get("shrunk") for d in found), "the failing trial is shrunk"
+    trials = {d["trial_id"] for d in found}
+    located = {d["trial_id"]: d["localized_op"] for d in found if d.get("localized_op")}
+    assert set(located) == trials, "every failing trial is localized"
+    for op in located.values():
+        assert (op["module"], op["op"], op["layer"], op["rank"]) == (
+            "model.layers.0.self_attn.o_proj", "oracle_vllm.all_reduce.default", 0, 1), op
+        assert op["op_class"] == "communication" and op["confirmation"] == "confirmed"
+    print(f"\noracle run, planted all-reduce: {len(trials)} failing trials, each localized to rank 1's all-reduce")
