@@ -188,13 +188,13 @@ def test_rank_devices_and_tp_size_are_in_the_posture_and_its_digest() -> None:
     assert posture_digest({"invariant": one}) != posture_digest({"invariant": {**TP2, "rank_devices": ["cpu", "cpu"]}})
 
 
-def test_localization_at_tp2_is_inconclusive_and_says_why() -> None:
-    engine = VllmEngine.__new__(VllmEngine)  # no worker: at TP 2 nothing is sent to one
+def test_localization_across_pipeline_stages_is_inconclusive_and_says_why() -> None:
+    engine = VllmEngine.__new__(VllmEngine)  # no worker: across stages nothing is sent to one
     engine.spec = WorkerSpec(model="m", mode="invariant", invariance="oracle_kernels", dtype="float32", max_num_seqs=4,
                              max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False,
                              logprobs=5, enforce_eager=True, max_model_len=None, seed=0, audit=False,
-                             tensor_parallel_size=2)
+                             tensor_parallel_size=2, pipeline_parallel_size=2)
     run = RunSpec((Request("t", (1, 2, 3), SamplingParams(max_tokens=2)),), 0)
     found = engine.localize(run, run)
     assert found is not None and found.status == "inconclusive"
-    assert "2 rank processes" in found.note and "tensor_parallel_size 2" in found.note
+    assert "2 pipeline stages" in found.note and "pipeline_parallel_size 2" in found.note
