@@ -168,15 +168,15 @@ def trial_requests(plan: Plan, trial: Trial) -> tuple[list[Request], int]:
     return fillers[: trial.position] + [req] + fillers[trial.position :], trial.position
 
 
-# Request id prefixes a run uses (solo_request, trial_requests, oracle.execute's checks) -> the phase.
-_PHASES = (("solo-", "references"), ("prefill-", "prefill/decode check"), ("prefix-", "prefix-cache check"),
-           ("sampled-", "seeded-sampling check"))
+# Request id prefixes the plan gives (solo_request, trial_requests) -> the phase. A check's runs name their
+# phase themselves (their row's `CheckRun.phase`, through oracle.execute.generate).
+_PHASES = (("solo-", "references"),)
 _NUMBERED = (("shrink", "shrinking (trial {n})"), ("trial", "trial {n}"))
 
 
 def phase_of(request_ids: Sequence[str]) -> str:
     """Which phase of a run a generate call belongs to, read from its request ids (for a hang's message):
-    references, trial N, shrinking (trial N), a check's runs; else the first request's id."""
+    references, trial N, shrinking (trial N); else the first request's id."""
     if not request_ids:
         return "generate call with no requests"
     first = request_ids[0]  # a trial's requests share its prefix

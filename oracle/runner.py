@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle import __version__
+from oracle.checks.invariance import hazard_probes
 from oracle.config import Config
 from oracle.engines.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
-from oracle.judge import Runs, check_runs, coverage, hazard_probes, judge, modes_read
+from oracle.judge import Runs, check_runs, coverage, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
