@@ -28,7 +28,6 @@ from oracle.checks import (
 from oracle.checks.base import BOTH, SECTIONS, Check, CheckRun, Runs
 from oracle.config import Config
 from oracle.engines.contract import Completion, Mode, StepEvidence
-from oracle.engines.kinds import known_row
 from oracle.posture.probes import probe_hits
 from oracle.report import CheckResult, DivergenceRecord
 from oracle.schedule import Trial
@@ -78,11 +77,10 @@ SHARED_SERVER = ("one server serves both modes (engine.options.base_url is a sin
                  "the server with itself; give base_url: {invariant: URL, production: URL}")
 
 
-def shared_server(config: Config) -> bool:
-    """One server serves both modes (the openai engine with one base_url): the engine's row says (a
-    `module:Class` engine's row is the default: never; its class is not imported here)."""
-    row = known_row(config.engine.kind)
-    return row is not None and row.shared_server(config.engine)
+def shared_server(runs: Runs) -> bool:
+    """One server serves both modes (the openai engine with one base_url): the engine's row says."""
+    row = runs.engine
+    return row is not None and row.shared_server(runs.config.engine)
 
 
 def _self_compared(result: CheckResult) -> CheckResult:
@@ -104,7 +102,7 @@ def judge(runs: Runs) -> tuple[list[CheckResult], list[DivergenceRecord]]:
         if requirement == "off" or any(runs.mode(m) is None for m in row.needs) or not row.applies(runs):
             continue
         judged = row.judge(runs, requirement)
-        self_compared = row.self_compared and shared_server(runs.config)
+        self_compared = row.self_compared and shared_server(runs)
         results.append(_self_compared(judged.result) if self_compared else judged.result)
         divergences += judged.divergences
     return results, divergences

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from oracle.compare import Divergence
 from oracle.config import Config
 from oracle.engines.contract import Completion, Engine, LocalizedOp, Mode, Request, RunSpec
+from oracle.engines.kinds import EngineKind
 from oracle.mode_result import InstanceRun, ModeResult
 from oracle.plan import Plan
 from oracle.prompts import Target
@@ -44,9 +45,20 @@ class Runs:
     environment: Mapping[str, Any]
     golden: Mapping[str, Any] | None = None
     unformed_probes: tuple[tuple[str, str], ...] = ()  # (`probe:side`, the limit that ruled it out)
+    engine_kind: EngineKind | None = None  # the engine kind's row, as the plan resolved it
 
     def mode(self, name: str) -> ModeResult | None:
         return self.inv if name == "invariant" else self.prod
+
+    @property
+    def engine(self) -> EngineKind | None:
+        """The engine kind's row: the plan's, else a built-in or installed kind's (a `module:Class` a report names
+        is not imported to judge it: None)."""
+        if self.engine_kind is not None:
+            return self.engine_kind
+        from oracle.engines.kinds import known_row
+
+        return known_row(self.config.engine.kind)
 
     @property
     def judged_ids(self) -> list[int]:

@@ -22,7 +22,6 @@ from oracle.checks.base import (
 )
 from oracle.compare import first_divergence
 from oracle.engines.contract import Completion, RunSpec
-from oracle.engines.kinds import known_row
 from oracle.mode_result import ModeResult
 from oracle.plan import solo_request
 from oracle.report import CheckResult, DivergenceRecord
@@ -74,7 +73,7 @@ def _no_hit_message(runs: Runs, ran: PrefixRuns) -> str:
     """Why no warm run hit the prefix cache: the engine's note, else a hint from its row."""
     if ran.note:
         return ran.note
-    row = known_row(runs.config.engine.kind)
+    row = runs.engine
     return "no warm run hit the prefix cache" + (row.prefix_cache_hint if row is not None else "")
 
 

@@ -132,7 +132,7 @@ def _run(context: CheckContext) -> None:
     def keep(run: InstanceRun) -> None:
         context.keep(replace(run, engine={**run.engine, FIELD: size}))
 
-    context.run_again(f"{mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, mode),
+    context.run_again(f"{mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, mode, plan.engine),
                       (), keep)
 
 
