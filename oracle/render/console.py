@@ -290,7 +290,3 @@ def _fmt(x: float | int | None) -> str:
     if x is None:
         return ""
     return str(x) if isinstance(x, int) else f"{x:.3g}"
-
-
-def error_line(message: str) -> None:
-    print(f"oracle: error: {terminal_text(message, newlines=True)}", file=sys.stderr)
