@@ -313,7 +313,7 @@ def _checked_config(args: argparse.Namespace) -> Config:
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
-        from oracle.device import check_device
+        from oracle.engines import check_device
 
         check_device(config.engine)  # so is a CUDA device this torch cannot give
         if args.shard is not None and args.seed is None and config.schedule.seed is None:
