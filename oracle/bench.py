@@ -349,8 +349,8 @@ def bench_memory(json_path: Path | None, *, trials: int = 1000, max_tokens: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m oracle.bench memory [--trials N] [--max-tokens N] [--device D] [--json FILE]`, or
-    `python -m oracle.bench profile [--workload seed] [--preset P] [--sequences N] [--mode M] [--json FILE]`."""
+    """`python -m oracle.bench memory [--trials N] [--max-tokens N] [--device D] [--json FILE]` (the profile is
+    `python -m oracle.bench_profile`, or `oracle bench --workload NAME --profile`)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m oracle.bench")
@@ -360,25 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     mem.add_argument("--max-tokens", type=int, default=16)
     mem.add_argument("--device", default="cpu")
     mem.add_argument("--json", type=Path, default=None)
-    prof = sub.add_parser("profile", help="where the native engine's time goes on a workload (oracle.bench_profile)")
-    prof.add_argument("--workload", default="seed")
-    prof.add_argument("--warmup", type=int, default=1)
-    prof.add_argument("--device", default=None)
-    prof.add_argument("--preset", default=None)
-    prof.add_argument("--sequences", type=int, default=None)
-    prof.add_argument("--mode", choices=["invariant", "production", "both"], default="both")
-    prof.add_argument("--no-cuda-graphs", action="store_true")
-    prof.add_argument("--no-op-table", action="store_true", help="skip the torch.profiler round")
-    prof.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.what == "profile":
-        from oracle.bench_profile import profile_workload
-
-        return profile_workload(
-            args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
-            num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
-            modes=("invariant", "production") if args.mode == "both" else (args.mode,),
-            op_table_round=not args.no_op_table)
     return bench_memory(args.json, trials=args.trials, max_tokens=args.max_tokens, device=args.device)
 
 

@@ -1,4 +1,4 @@
-"""`python -m oracle.bench profile`: where the native engine's time goes on a bench workload.
+"""`python -m oracle.bench_profile` (or `oracle bench --workload NAME --profile`): where the native engine's time goes on a bench workload.
 
 Per mode, after `warmup` untimed rounds (compilation, CUDA-graph captures), one round with a
 `StepProfile` attached (oracle/engines/native/profile.py): host time per step phase, device time of
@@ -221,3 +221,30 @@ def profile_workload(
     _print(rows)
     _write(json_path, rows)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m oracle.bench_profile [--workload seed] [--preset P] [--sequences N] [--mode M] [--json FILE]`."""
+    import argparse
+
+    prof = argparse.ArgumentParser(prog="python -m oracle.bench_profile",
+                                   description="where the native engine's time goes on a workload")
+    prof.add_argument("--workload", default="seed")
+    prof.add_argument("--warmup", type=int, default=1)
+    prof.add_argument("--device", default=None)
+    prof.add_argument("--preset", default=None)
+    prof.add_argument("--sequences", type=int, default=None)
+    prof.add_argument("--mode", choices=["invariant", "production", "both"], default="both")
+    prof.add_argument("--no-cuda-graphs", action="store_true")
+    prof.add_argument("--no-op-table", action="store_true", help="skip the torch.profiler round")
+    prof.add_argument("--json", type=Path, default=None)
+    args = prof.parse_args(argv)
+    return profile_workload(
+        args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
+        num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
+        modes=("invariant", "production") if args.mode == "both" else (args.mode,),
+        op_table_round=not args.no_op_table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

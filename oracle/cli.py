@@ -207,6 +207,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
     b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
     b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
+    b.add_argument("--profile", action="store_true", help="--workload: where the native engine's time goes "
+                   "(host phases, forward by kind, decode graph coverage, host syncs, kernels by op class) instead "
+                   "of timed rounds")
     b.add_argument("--no-vllm", action="store_true", help="--workload: leave out vLLM's rows (default, "
                    "VLLM_BATCH_INVARIANT=1, oracle_kernels), which run where vLLM is installed and a GPU is")
     b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
@@ -310,7 +313,7 @@ def _checked_config(args: argparse.Namespace) -> Config:
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched
-        from oracle.device import check_device
+        from oracle.engines import check_device
 
         check_device(config.engine)  # so is a CUDA device this torch cannot give
         if args.shard is not None and args.seed is None and config.schedule.seed is None:
@@ -410,6 +413,11 @@ def _bench_workload(args: argparse.Namespace) -> int:
     from oracle import bench_vllm
     from oracle.bench import bench_workload
 
+    if args.profile:
+        from oracle.bench_profile import profile_workload
+
+        return profile_workload(args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
+                                num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None)
     with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
         json_path = args.json or Path(tmp) / "bench.json"
         rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,

@@ -1,7 +1,8 @@
-"""The run configuration: pydantic models, and the only place YAML is read.
+"""The run configuration: pydantic models, and the only door YAML comes in by (`load_config`).
 
 Validation errors are rewritten once, here, into a `ConfigError` that names the file, the
-field path and the line it sits on.
+field path and the line it sits on. The file's text (safe YAML, strings, file:line) is oracle.config_text's,
+`checks:` is oracle.config_checks's, and the bounds and the strict base model are oracle.config_base's.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -24,33 +23,25 @@ from pydantic import (
     model_validator,
 )
 
+from oracle.config_base import (
+    MAX_ARRIVAL_STEP,
+    MAX_BATCH,
+    MAX_BUDGET,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MAX_TRIALS,
+    Strict,
+)
+from oracle.config_base import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
+from oracle.config_base import MAX_SET_DEPTH as MAX_SET_DEPTH
+from oracle.config_base import MAX_TOKENS as MAX_TOKENS
+from oracle.config_checks import FIDELITY_DEFAULTS as FIDELITY_DEFAULTS
+from oracle.config_checks import ChecksConfig as ChecksConfig
+from oracle.config_text import check_strings, load_yaml, set_dotted, shown_input, where
 from oracle.engine_options import NativeOptions, options_model
 from oracle.errors import ConfigError
-from oracle.strict_numbers import refuse_bools
 
-Requirement = Literal["required", "warn", "off"]
-
-# Sane upper bounds: a value beyond them is a typo, and would allocate terabytes or idle forever.
-MAX_SEED = 2**63 - 1  # torch and vLLM take 64-bit seeds
-MAX_TOKENS = 1 << 20  # tokens per prompt or completion (1M, beyond any model's context)
-MAX_ARRIVAL_STEP = 10_000  # engine steps a request may wait before it arrives
-MAX_TRIALS = 1_000_000
-MAX_BATCH = 65_536  # sequences in one forward pass
-MAX_BUDGET = 1 << 24  # tokens in one forward pass
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-# What a config file may be: its size, YAML aliases (an alias bomb expands exponentially) and nodes
-# once aliases are expanded.
-MAX_CONFIG_BYTES = 8 << 20
-MAX_SET_DEPTH = 64  # `--set a.b.c=VALUE`: names plus VALUE's nesting (a config is a few levels deep)
-MAX_YAML_ALIASES = 1000
-MAX_YAML_NODES = 1_000_000
-_SURROGATE = re.compile("[\ud800-\udfff]")
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    _no_bools = field_validator("*", mode="before")(classmethod(refuse_bools))  # `trials: true` is no count
 
 
 def _check_range(v: tuple[int, int], name: str) -> tuple[int, int]:
@@ -60,7 +51,7 @@ def _check_range(v: tuple[int, int], name: str) -> tuple[int, int]:
     return v
 
 
-class EngineConfig(_Strict):
+class EngineConfig(Strict):
     kind: str = Field("native", description="native | vllm | openai | transformers | package.module:Class")
     device: str = Field("cpu", description="torch device for in-process engines: cpu, cuda, cuda:1")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -124,7 +115,7 @@ class EngineConfig(_Strict):
             raise ConfigError(_validation_message(e, ("engine",))) from e
 
 
-class RandomPrompts(_Strict):
+class RandomPrompts(Strict):
     count: int = Field(8, ge=1, le=100_000)
     min_len: int = Field(4, ge=1, le=MAX_TOKENS)
     max_len: int = Field(32, ge=1, le=MAX_TOKENS)
@@ -136,7 +127,7 @@ class RandomPrompts(_Strict):
         return self
 
 
-class PromptsConfig(_Strict):
+class PromptsConfig(Strict):
     texts: list[str] | None = Field(None, description="literal prompts, tokenized with the model's tokenizer")
     file: str | None = Field(None, description='JSONL file, one {"prompt": ...} or {"prompt_token_ids": [...]} a line')
     random: RandomPrompts | None = Field(None, description="random token sequences")
@@ -151,14 +142,14 @@ class PromptsConfig(_Strict):
         return self
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Strict):
     max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
     temperature: float = Field(0.0, ge=0.0)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     logits: Literal["full", "digest", "none"] = Field("full", description="compare full logits rows, digests, or none")
 
 
-class SearchConfig(_Strict):
+class SearchConfig(Strict):
     """The guided search after the schedule (oracle.search): hypothesis draws more trials, steered toward
     larger packed passes, KV lengths, sequences per pass and target positions, and toward larger ULP once
     a difference appears. Invariant mode only; derandomized from the run's seed."""
@@ -170,7 +161,7 @@ ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512"
                     "shared_pass"]
 
 
-class ScheduleConfig(_Strict):
+class ScheduleConfig(Strict):
     trials: int = Field(50, ge=1, le=MAX_TRIALS, description="trials drawn per run")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="schedule seed; random (and printed) when absent")
     batch_size: tuple[int, int] = Field((1, 16), description="[min, max] requests in a trial, target included")
@@ -208,153 +199,6 @@ _RANGE_MAX = {"batch_size": MAX_BATCH, "filler_len": MAX_TOKENS, "filler_max_tok
               "arrival_step": MAX_ARRIVAL_STEP, "max_num_batched_tokens": MAX_BUDGET}
 
 
-class CheckConfig(_Strict):
-    """A check's requirement; a plain string in YAML (`fidelity: warn`) sets just this."""
-
-    requirement: Requirement = "required"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, v: Any) -> Any:
-        if isinstance(v, bool):  # YAML 1.1 reads a bare `off` as false
-            v = "required" if v else "off"
-        return {"requirement": v} if isinstance(v, str) else v
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
-        """As YAML reads it: the requirement alone (`invariance: required`), a boolean (bare `off` is
-        YAML for false), or the full object."""
-        schema = handler(core_schema)
-        full = handler.resolve_ref_schema(schema)
-        requirement = full.get("properties", {}).get("requirement", {})
-        levels = requirement.get("enum") or ["required", "warn", "off"]
-        return {"anyOf": [{"type": "string", "enum": levels, "description": "the requirement alone"},
-                          {"type": "boolean", "description": "true: required; false (a bare `off`): off"},
-                          dict(full)], "title": full.get("title", cls.__name__)}
-
-
-class InvarianceConfig(CheckConfig):
-    localize: Literal["first", "all", "off"] = Field(
-        "first", description="name the first diverging op of failing trials: the first and the shrunk one, "
-        "every failing trial, or none")
-
-
-# Fidelity's tolerances where the config gives none, by engine.dtype: invariant and production kernels
-# round differently, by about the dtype's epsilon (2^-23 float32, 2^-10 float16, 2^-7 bfloat16) per op,
-# compounded over the layers. bfloat16's were set from a healthy vLLM run on an H200 (max |dlogprob| 0.097).
-FIDELITY_DEFAULTS: dict[str, dict[str, float]] = {
-    "float32": {"max_logprob_diff": 1e-3, "max_kl": 1e-3, "near_tie": 1e-2},
-    "float16": {"max_logprob_diff": 0.05, "max_kl": 0.01, "near_tie": 0.05},
-    "bfloat16": {"max_logprob_diff": 0.25, "max_kl": 0.05, "near_tie": 0.25},
-}
-
-
-class FidelityConfig(CheckConfig):
-    max_logprob_diff: float = Field(1e-3, gt=0, description="max |logprob(invariant) - logprob(production)|, solo "
-                                                            "(default by engine.dtype: float32 1e-3, float16 0.05, "
-                                                            "bfloat16 0.25)")
-    max_kl: float = Field(1e-3, gt=0, description="max KL(production || invariant) per step, from full logits rows "
-                                                  "(default by engine.dtype: float32 1e-3, float16 0.01, bfloat16 0.05)")
-    near_tie: float = Field(1e-2, ge=0, description="a token flip is allowed where the top-1/top-2 logit margin is "
-                                                    "below this (default by engine.dtype: float32 0.01, float16 0.05, "
-                                                    "bfloat16 0.25)")
-
-
-class DriftConfig(CheckConfig):
-    requirement: Literal["report", "required", "warn", "off"] = "report"  # type: ignore[assignment]
-    localize: Literal["first", "all", "off"] = Field(
-        "off", description="name the first diverging op of drifting production trials (the first one, every one, "
-        "or none) and map them by module and op: the report's variance_map")
-    max_divergent_fraction: float | None = Field(None, ge=0, le=1, description="gate: fraction of trials")
-    max_ulp: int | None = Field(None, ge=0, description="gate: largest logprob ULP distance")
-
-
-class NegativeControlConfig(CheckConfig):
-    requirement: Requirement = "warn"
-
-
-class PrefillDecodeConfig(CheckConfig):
-    requirement: Requirement = "warn"
-    steps: int = Field(4, ge=1, le=MAX_TOKENS, description="generated steps per target re-prefilled")
-
-
-class PrefixCacheConfig(CheckConfig):
-    requirement: Requirement = "warn"
-
-
-class SamplingVariant(_Strict):
-    """One way of sampling the seeded_sampling check runs (temperature > 0, optional top-p / top-k)."""
-
-    temperature: float = Field(1.0, gt=0, description="temperature (> 0: sampled, not greedy)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus: keep the smallest set of tokens reaching this mass")
-    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)")
-
-
-def _default_variants() -> list[SamplingVariant]:
-    return [SamplingVariant(), SamplingVariant(top_p=0.9), SamplingVariant(top_k=8)]  # type: ignore[call-arg]
-
-
-class SeededSamplingConfig(CheckConfig):
-    """Seeded sampling (invariant mode): each request's seed alone decides its tokens and logprob bits.
-
-    A request gets the same outputs alone and in a batch, and requests with different seeds in one
-    batch do not share their noise. Off by default: it needs an engine that samples with per-request
-    seeds (vLLM 0.32's CPU build stops with "CPU Generator does not use offset"); `seeded_sampling: required`."""
-
-    requirement: Requirement = "off"
-    targets: int = Field(2, ge=1, le=MAX_TRIALS, description="targets sampled (the first N), two seeds each")
-    variants: list[SamplingVariant] = Field(
-        default_factory=_default_variants, min_length=1,
-        description="sampling settings checked: temperature, top_p, top_k (default: T=1; top_p 0.9; top_k 8)")
-
-
-class CrossInstanceConfig(CheckConfig):
-    """Two separately started engine instances of one mode give bitwise the same outputs on the same trials.
-
-    Off by default: it starts the mode's engine (or server) a second time."""
-
-    requirement: Requirement = "off"
-    mode: Literal["invariant", "production"] = Field("invariant", description="the mode started twice")
-    trials: int = Field(4, ge=0, le=MAX_TRIALS,
-                        description="schedule trials run again on the second instance (besides every reference)")
-
-
-class TpParityConfig(CheckConfig):
-    """The same prompts at two tensor-parallel sizes (invariant mode's references), reported with the size of
-    their difference: another number of ranks splits each reduction differently, which batch invariance
-    does not promise to hide. Off by default (it starts invariant mode's engine again); `report` reports
-    it, `required` makes a difference fail the run."""
-
-    requirement: Literal["report", "required", "warn", "off"] = "off"  # type: ignore[assignment]
-    tensor_parallel_size: int = Field(1, ge=1, le=4096, description="the size compared with the run's own "
-                                      "engine.options.tensor_parallel_size")
-
-
-class GoldenConfig(CheckConfig):
-    requirement: Requirement = "off"
-    file: str | None = Field(None, description="golden file written by `oracle record`")
-
-    @model_validator(mode="after")
-    def _file(self) -> GoldenConfig:
-        if self.requirement != "off" and not self.file:
-            raise ValueError("golden needs a file")
-        return self
-
-
-class ChecksConfig(_Strict):
-    invariance: InvarianceConfig = Field(default_factory=InvarianceConfig)  # type: ignore[arg-type]
-    repeatability: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
-    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)  # type: ignore[arg-type]
-    drift: DriftConfig = Field(default_factory=DriftConfig)  # type: ignore[arg-type]
-    negative_control: NegativeControlConfig = Field(default_factory=NegativeControlConfig)  # type: ignore[arg-type]
-    prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)  # type: ignore[arg-type]
-    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)  # type: ignore[arg-type]
-    golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
-    seeded_sampling: SeededSamplingConfig = Field(default_factory=SeededSamplingConfig)  # type: ignore[arg-type]
-    cross_instance: CrossInstanceConfig = Field(default_factory=CrossInstanceConfig)  # type: ignore[arg-type]
-    tp_parity: TpParityConfig = Field(default_factory=TpParityConfig)  # type: ignore[arg-type]
-
-
 def _fidelity_defaults(engine: Any) -> dict[str, float] | None:
     """The fidelity tolerances of the engine's dtype, where they are not float32's (the fields' own defaults)."""
     dtype = engine.get("dtype") if isinstance(engine, dict) else getattr(engine, "dtype", None)
@@ -373,7 +217,7 @@ def _fidelity_section(fidelity: Any) -> dict[str, Any] | None:
     return fidelity if isinstance(fidelity, dict) else None
 
 
-class Config(_Strict):
+class Config(Strict):
     model: str = Field(description="preset:NAME (made into a cache on first use), a checkpoint directory, "
                                    "or a Hugging Face hub id org/name (fetched into the hub cache)")
     model_revision: str | None = Field(None, description="hub ids: branch, tag or commit (default branch when absent)")
@@ -415,7 +259,7 @@ class Config(_Strict):
                   if field == dotted or field.startswith(dotted + ".") or re.search(rf"\b{re.escape(dotted)}\b", message)]
         if blamed:
             return ConfigError(f"{', '.join(blamed)}: {field}: {message}")
-        return ConfigError(f"{_where(self._source, self._text, loc)}: {'.'.join(str(x) for x in loc)}: {message}")
+        return ConfigError(f"{where(self._source, self._text, loc)}: {'.'.join(str(x) for x in loc)}: {message}")
 
     def model_post_init(self, context: Any, /) -> None:
         self.engine._base_dir = self.base_dir  # custom engines import from the config's folder too
@@ -463,96 +307,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from e
-    data = _load_yaml(text, str(path))
+    data = load_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     data.setdefault("base_dir", str(path.parent.resolve()))
     for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
+        set_dotted(data, dotted, value)
     return parse_config(data, source=str(path), text=text, flags=flags)
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    """safe_load, refusing duplicate keys, recursive aliases and alias bombs (checked before expanding)."""
-    try:
-        # The reader checks every character as it is built: a NUL or another control byte raises here.
-        loader = yaml.SafeLoader(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}{_yaml_where(e, text)}: malformed YAML: {_yaml_problem(e)}") from e
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_yaml_graph(node, source)
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}{_yaml_where(e, text)}: malformed YAML: {_yaml_problem(e)}") from e
-    except RecursionError as e:
-        raise ConfigError(f"{source}: malformed YAML: nested too deeply") from e
-    finally:
-        loader.dispose()
-
-
-def _yaml_where(e: yaml.YAMLError, text: str) -> str:
-    """`:LINE` of a YAML error, or nothing. A reader error (a forbidden character) has a position, not a mark."""
-    mark = getattr(e, "problem_mark", None)
-    if mark is not None:
-        return f":{mark.line + 1}"
-    if isinstance(e, yaml.reader.ReaderError):
-        return f":{text[: e.position].count(chr(10)) + 1}"
-    return ""
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    if isinstance(e, yaml.reader.ReaderError):
-        return (f"character U+{e.character:04X} is not allowed in YAML; remove it, or write it as an escape "
-                "in a double-quoted string")
-    lines = str(e).splitlines()
-    return str(getattr(e, "problem", None) or (lines[0] if lines else type(e).__name__))
-
-
-def _check_yaml_graph(root: yaml.Node, source: str) -> None:
-    """Duplicate keys, alias count and expanded size, walking the composed graph once (aliases are
-    shared nodes there: nothing is expanded)."""
-    sizes: dict[int, int] = {}
-    active: set[int] = set()
-    aliases = 0
-
-    def fail(node: yaml.Node, path: list[str], message: str) -> ConfigError:
-        field = ".".join(path) or "<root>"
-        return ConfigError(f"{source}:{node.start_mark.line + 1}: {field}: {message}")
-
-    def size(node: yaml.Node, path: list[str]) -> int:
-        nonlocal aliases
-        key = id(node)
-        if key in active:
-            raise fail(node, path, "recursive YAML alias")
-        if key in sizes:
-            aliases += 1
-            if aliases > MAX_YAML_ALIASES:
-                raise fail(node, path, f"more than {MAX_YAML_ALIASES} YAML aliases")
-            return sizes[key]
-        active.add(key)
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], int] = {}
-            for k, v in node.value:
-                name = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
-                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
-                    if (k.tag, name) in seen:
-                        raise fail(k, [*path, name], f"duplicate key (first on line {seen[(k.tag, name)]})")
-                    seen[(k.tag, name)] = k.start_mark.line + 1
-                total += size(k, [*path, name]) + size(v, [*path, name])
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                total += size(item, [*path, str(i)])
-        active.discard(key)
-        sizes[key] = total
-        if total > MAX_YAML_NODES:
-            raise fail(node, path, f"expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases)")
-        return total
-
-    size(root, [])
 
 
 def config_handoff(config: Config) -> bytes:
@@ -575,7 +336,7 @@ def config_from_handoff(blob: bytes) -> Config:
 
 def parse_config(data: dict[str, Any], source: str = "<config>", text: str | None = None,
                  flags: dict[str, str] | None = None) -> Config:
-    _check_strings(data, source, text)
+    check_strings(data, source, text)
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
@@ -600,20 +361,9 @@ def _validation_error(e: ValidationError, source: str, text: str | None, flags: 
                  if field == dotted or field.startswith(dotted + ".") or dotted.startswith(field + ".")), None)
     if flag is not None:
         at = "" if flag[1] == field else f"{field}: "
-        return ConfigError(f"{flag[0]}: {at}{msg} (got {_shown_input(err.get('input'))})")
+        return ConfigError(f"{flag[0]}: {at}{msg} (got {shown_input(err.get('input'))})")
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return ConfigError(f"{_where(source, text, err['loc'])}: {field}: {msg}{more}")
-
-
-def _where(source: str, text: str | None, loc: tuple[Any, ...]) -> str:
-    """`file:line` of the field at `loc`, or the file alone where its text or the field's line is not known."""
-    line = _line_of(text, loc) if text else None
-    return f"{source}:{line}" if line else source
-
-
-def _shown_input(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
+    return ConfigError(f"{where(source, text, err['loc'])}: {field}: {msg}{more}")
 
 
 def error_text(err: Any) -> str:
@@ -671,39 +421,6 @@ def _validation_message(e: ValidationError, under: tuple[str, ...] = ()) -> str:
     return f"{field}: {error_text(err)}{more}"
 
 
-def _check_strings(data: Any, source: str, text: str | None) -> None:
-    """Every key and string is text a file can hold: no lone surrogates (no encoding writes them), and
-    no NUL byte (no path, argument or variable can hold one) except inside a prompt's text."""
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
-    while stack:  # iterative: a report's config may be nested as deep as its JSON parser allowed
-        loc, value = stack.pop()
-        if isinstance(value, dict):
-            for k, v in value.items():
-                _check_string(str(k), (*loc, str(k)), source, text, key=True)
-                stack.append(((*loc, str(k)), v))
-        elif isinstance(value, (list, tuple)):
-            stack.extend(((*loc, i), v) for i, v in enumerate(value))
-        elif isinstance(value, str):
-            _check_string(value, loc, source, text)
-
-
-def _check_string(value: str, loc: tuple[str | int, ...], source: str, text: str | None, key: bool = False) -> None:
-    problem = _string_problem(value, loc, key)
-    if problem is not None:
-        field = ".".join(str(x) for x in loc) or "<root>"
-        raise ConfigError(f"{_where(source, text, loc)}: {field}: {'key ' if key else ''}{problem}")
-
-
-def _string_problem(value: str, loc: tuple[str | int, ...], key: bool) -> str | None:
-    """A lone surrogate, or a NUL byte outside a prompt's text; None for a string a file can hold."""
-    surrogate = _SURROGATE.search(value)
-    if surrogate is not None:
-        return f"not valid Unicode: a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}"
-    if "\x00" in value and (key or loc[:2] != ("prompts", "texts")):
-        return f"holds a NUL byte at character {value.index(chr(0))}"
-    return None
-
-
 def _cross_check(config: Config) -> None:
     """Checks between fields, each blamed on the field a user would change."""
     s, e = config.schedule, config.engine
@@ -731,38 +448,3 @@ def nesting_depth(value: Any) -> int:
     return depth
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = data
-    for depth, k in enumerate(keys[:-1]):
-        child = node.setdefault(k, {})
-        if depth == 1 and keys[0] == "checks" and isinstance(child, (str, bool)):
-            # A check's shorthand (`drift: report`, a bare `off`): its requirement, so a --set of another of the
-            # check's fields (checks.drift.localize) keeps it instead of being dropped.
-            child = node[k] = {"requirement": child if isinstance(child, str) else ("required" if child else "off")}
-        if not isinstance(child, dict):
-            return  # the file's value is not a mapping: validation names it
-        node = child
-    node[keys[-1]] = value
-
-
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node on `loc` that exists in the file."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError):
-        return None
-    line = None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if k.value == str(key)), None)
-            if match is None:
-                break
-            line = match[0].start_mark.line + 1
-            node = match[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line

@@ -11,16 +11,13 @@ from oracle.errors import ConfigError
 if TYPE_CHECKING:
     from oracle.config import EngineConfig
 
-# Engines that run no model in this process, so `engine.device` is not theirs to use: vLLM picks its device
-# in its own worker (its platform), a server is wherever it runs.
-DEVICE_UNUSED = frozenset({"vllm", "openai"})
-
 
 def check_device(cfg: EngineConfig) -> None:
     """ConfigError when `engine.device` names CUDA and this torch cannot give it: a build without CUDA, no
-    device visible, or an index past the devices there are. Imports torch only for a CUDA device."""
+    device visible, or an index past the devices there are. Imports torch only for a CUDA device. Called for
+    an engine that runs the model in this process (its row's `uses_device`: oracle.engines.check_device)."""
     device = cfg.device
-    if cfg.kind in DEVICE_UNUSED or not device.startswith("cuda"):
+    if not device.startswith("cuda"):
         return
     import torch
 

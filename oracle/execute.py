@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from oracle.checks.base import CheckContext, CheckRun
 from oracle.compare import Divergence, first_divergence, row_digest
 from oracle.engines.contract import (
     CAPTURE_HOW,
@@ -37,6 +38,7 @@ from oracle.engines.contract import (
 )
 from oracle.errors import ConfigError, EngineError, OracleError, engine_error
 from oracle.lifecycle.watchdog import GuardedEngine
+from oracle.mode_result import InstanceRun, ModeResult
 from oracle.observer import Observer
 from oracle.plan import Plan, phase_of, solo_request, trial_requests
 from oracle.schedule import Trial
@@ -45,61 +47,8 @@ from oracle.shrink import ShrinkResult, shrink
 from oracle.timings import PhaseClock
 
 
-@dataclass(frozen=True)
-class InstanceRun:
-    """What a second, separately started engine of the same mode gave (cross_instance): every reference
-    and the first trials of the schedule, with its self-description."""
-
-    engine: Mapping[str, Any] = field(default_factory=dict)
-    solo: Mapping[int, Completion] = field(default_factory=dict)
-    trials: Mapping[int, Completion] = field(default_factory=dict)
-    note: str = ""  # why it could not run, or why it is not a second instance
-
-
-@dataclass(frozen=True)
-class CheckRun:
-    """What a check runs of its own in a mode's execution, beside the schedule's trials; its row in
-    `oracle.judge.CHECKS` names it, and the execution runs it when the check is on.
-
-    `run(execution)` keeps what it ran in `execution.checks[name]` as it goes (an engine that dies part
-    way leaves what completed), of type `data`: a shard's results write and read it by that type
-    (oracle.shards.results). `wanted(execution)`: whether it runs in this mode (and shard). On the mode's
-    engine once its trials are done, or with `after_close` once that engine has closed (a check that
-    starts engines of its own), timed as `phase` (its name when empty). `units`: the progress steps it
-    adds to the mode's (0: it shows none)."""
-
-    data: Any
-    run: Callable[[ModeExecution], None]
-    wanted: Callable[[ModeExecution], bool]
-    after_close: bool = False
-    phase: str = ""
-    units: Callable[[ModeExecution], int] = lambda execution: 0
-
-
-@dataclass(frozen=True)
-class ModeResult:
-    """Everything one mode produced, target outputs only. Read-only once the mode has run."""
-
-    mode: Mode
-    engine: Mapping[str, Any] = field(default_factory=dict)
-    solo: Mapping[int, Completion] = field(default_factory=dict)  # target -> its solo run
-    trials: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the target's outputs
-    repeats: Mapping[int, Completion] = field(default_factory=dict)  # trial id -> the same trial again
-    shrink: ShrinkResult | None = None
-    shrink_trials: tuple[Trial, ...] = ()  # candidates the shrinker ran (ids after the schedule's)
-    # trial id, ("prefill", target, step) or ("prefix", target) -> LocalizedOp, or a note why not
-    localized: Mapping[Any, Any] = field(default_factory=dict)
-    localize_notes: tuple[str, ...] = ()
-    seconds: float = 0.0
-    search: SearchOutcome | None = None  # the guided search (schedule.search), invariant mode
-    search_trials: tuple[Trial, ...] = ()  # its trials (ids after the schedule's and the replayed ones)
-    timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds (oracle.timings)
-    # check name -> what the check's own runs gave (its row's `CheckRun`: prefill_decode, prefix_cache, ...)
-    checks: Mapping[str, Any] = field(default_factory=dict)
-
-
-def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
-             ) -> list[Completion]:
+def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None,
+             phase: str | None = None) -> list[Completion]:
     """engine.generate with every failure turned into EngineError (exit 3).
 
     Every request is checked first (`oracle.engines.contract.request_problem`: an empty prompt is a
@@ -107,10 +56,13 @@ def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens
     infinite logprob or logits value, or fewer tokens than asked, is an engine error naming the mode,
     the request and the step. Outputs that are not numbers cannot be judged, so no check may read
     them: two NaN runs would be bitwise equal, and a NaN difference is "within" every tolerance.
+    `phase`: what the call is for, named in a hang's message with its first request (else read from the ids
+    the plan gives a trial's and a reference's requests).
     """
     _check_requests(requests)
     if isinstance(engine, GuardedEngine):  # a hang's message names the phase of the run it stopped in
-        engine.phase = phase_of([r.request_id for r in requests])
+        ids = [r.request_id for r in requests]
+        engine.phase = phase_of(ids) if phase is None or not ids else f"{phase} (request {ids[0]})"
     try:
         out = run_generate(engine, requests, max_num_batched_tokens)
     except OracleError:
@@ -166,12 +118,12 @@ def _step(d: Divergence | None) -> int | None:
     return None if d is None else d.step
 
 
-def fresh(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None
-          ) -> list[Completion]:
+def fresh(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None,
+          phase: str | None = None) -> list[Completion]:
     """generate() from a cold prefix cache (where the engine has one it can reset)."""
     if capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache):
         engine.reset_prefix_cache()
-    return generate(engine, requests, max_num_batched_tokens)
+    return generate(engine, requests, max_num_batched_tokens, phase)
 
 
 class Localizer(Protocol):
@@ -192,8 +144,9 @@ class ModeExecution:
         self.plan, self.mode, self.observer, self.build, self.localizer = plan, mode, observer, build, localizer
         # The cross_instance check's second engine of this mode (the same builder when not given).
         self.build_second = build_second or build
-        self.check_runs = {name: r for name, r in check_runs.items() if r.wanted(self)}
         self.checks: dict[str, Any] = {}
+        self.contexts = {name: _Context(self, name, r) for name, r in check_runs.items()}
+        self.check_runs = {name: r for name, r in check_runs.items() if r.wanted(self.contexts[name])}
         self.engine: Engine | None = None
         self.describe: dict[str, Any] = {}
         self.solo: dict[int, Completion] = {}
@@ -267,7 +220,7 @@ class ModeExecution:
     def run(self) -> None:
         plan = self.plan
         to_repeat = repeated_trials(plan)
-        units = sum(r.units(self) for r in self.check_runs.values() if not r.after_close)
+        units = sum(r.units(self.contexts[name]) for name, r in self.check_runs.items() if not r.after_close)
         replayed = plan.replayed if self._judges_invariance else ()  # failing trials of earlier runs, first
         self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + len(to_repeat)
                             + units)
@@ -288,8 +241,8 @@ class ModeExecution:
             self.observer.done()
         for name, own in self.check_runs.items():  # the checks that start engines of their own
             if own.after_close:
-                with clock(own.phase or name):
-                    own.run(self)
+                with clock(own.timed_as or name):
+                    own.run(self.contexts[name])
 
     def _run_phases(self, replayed: Sequence[Trial], to_repeat: Sequence[Trial]) -> None:
         """Everything run on the started engine, in order, each phase timed."""
@@ -307,9 +260,9 @@ class ModeExecution:
                 self.observer.advance(self.divergent)
         self._localize_failures()
         with clock("checks"):  # the checks that run targets again on this engine
-            for own in self.check_runs.values():
+            for name, own in self.check_runs.items():
                 if not own.after_close:
-                    own.run(self)
+                    own.run(self.contexts[name])
 
     def _references(self) -> None:
         """Every target alone: the solo run each trial is compared with."""
@@ -483,3 +436,69 @@ def repeated_trials(plan: Plan) -> tuple[Trial, ...]:
     if plan.shard is not None:
         return tuple(t for t in plan.trials if t.trial_id in plan.shard.repeat_ids)
     return plan.trials[: min(plan.config.schedule.repeat_trials, len(plan.trials))]
+
+
+class _Context:
+    """One check's view of a mode's execution (oracle.checks.base.CheckContext): what its runs may use."""
+
+    def __init__(self, execution: ModeExecution, name: str, own: CheckRun) -> None:
+        self._ex, self._name, self._phase = execution, name, own.phase or name
+
+    @property
+    def mode(self) -> Mode:
+        return self._ex.mode
+
+    @property
+    def plan(self) -> Plan:
+        return self._ex.plan
+
+    @property
+    def solo(self) -> Mapping[int, Completion]:
+        return self._ex.solo
+
+    @property
+    def describe(self) -> Mapping[str, Any]:
+        return self._ex.describe
+
+    @property
+    def per_target(self) -> bool:
+        return self._ex.per_target
+
+    def _engine(self) -> Engine:
+        assert self._ex.engine is not None
+        return self._ex.engine
+
+    def can_reset_prefix_cache(self) -> bool:
+        engine = self._engine()
+        return capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache)
+
+    def reset_prefix_cache(self) -> None:
+        engine = self._engine()
+        assert isinstance(engine, ResetsPrefixCache)
+        engine.reset_prefix_cache()
+
+    def fresh(self, requests: Sequence[Request]) -> list[Completion]:
+        return fresh(self._engine(), requests, phase=self._phase)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        return generate(self._engine(), requests, phase=self._phase)
+
+    def keep(self, data: Any) -> None:
+        self._ex.checks[self._name] = data
+
+    def advance(self) -> None:
+        self._ex.observer.advance(self._ex.divergent)
+
+    def localize(self, key: Any, expected: RunSpec, actual: RunSpec) -> None:
+        self._ex.localize(key, expected, actual)
+
+    def build_second(self) -> Engine:
+        return self._ex.build_second(self._ex.mode)
+
+    def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
+                  keep: Callable[[InstanceRun], None]) -> None:
+        self._ex.run_again(label, build, trials, keep)
+
+
+if TYPE_CHECKING:
+    _: type[CheckContext] = _Context  # the context meets the protocol the checks are written against

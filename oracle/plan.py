@@ -20,6 +20,7 @@ from oracle.schedule import Trial, filler_tokens
 from oracle.shards.assign import Shard, make_shard
 
 if TYPE_CHECKING:
+    from oracle.engines.kinds import EngineKind
     from oracle.models.facts import ModelFacts
     from oracle.posture.hazards import HazardMatch
 
@@ -41,13 +42,24 @@ class Plan:
     # and the probe sides the engine's limits ruled out: (`probe:side`, the limit).
     hazards: tuple[HazardMatch, ...] = ()
     unformed_probes: tuple[tuple[str, str], ...] = ()
+    # The engine kind's row, resolved once when the run is planned (`oracle.engines.resolve_engine`).
+    engine_kind: EngineKind | None = None
 
     @property
     def model_dir(self) -> Path:
         return self.model.model_dir
 
+    @property
+    def engine(self) -> EngineKind:
+        """The engine kind's row: the one the plan resolved (a plan made by hand resolves it here)."""
+        if self.engine_kind is not None:
+            return self.engine_kind
+        from oracle.engines.kinds import kind_of
 
-def resolve_model(config: Config) -> ModelFacts:
+        return kind_of(self.config.engine)
+
+
+def resolve_model(config: Config, engine: EngineKind | None = None) -> ModelFacts:
     """The model of a run (`preset:NAME`, a checkpoint directory or a hub id): its directory and its facts,
     config.json read once here, checked against its engine before anything runs; ModelError otherwise.
 
@@ -55,6 +67,7 @@ def resolve_model(config: Config) -> ModelFacts:
     (`openai`) need no weights, nor a user's own whose class says `needs_weights = False`; the native engine's architecture is checked
     from config.json here, so an unsupported model fails before the first trial, and so is the size
     of the weights (oracle.models.size): absurd dimensions are refused before anything is allocated.
+    `engine`: the engine kind's row, when the caller resolved it.
     """
     from oracle.engines import check_model, check_model_size, needs_weights
     from oracle.models.hub import is_hub_id
@@ -68,9 +81,9 @@ def resolve_model(config: Config) -> ModelFacts:
     if config.model_revision is not None and not is_hub_id(spec):
         raise ConfigError(f"model_revision: applies to hub ids (org/name) only, not to {config.model!r}")
     facts = read_checkpoint(spec, seed=config.model_seed, revision=config.model_revision,
-                            weights=needs_weights(config.engine))
-    check_model(config.engine, facts)
-    check_model_size(config.engine, facts)  # the weights alone: absurd dimensions stop here, before any loop
+                            weights=needs_weights(config.engine, engine))
+    check_model(config.engine, facts, engine)
+    check_model_size(config.engine, facts, row=engine)  # the weights alone: absurd dimensions stop here
     return facts
 
 
@@ -81,7 +94,7 @@ def draw_seed(config: Config, seed: int | None) -> int:
 
 
 def plan_run(config: Config, seed: int | None = None) -> Plan:
-    from oracle.engines import check_engine_config, check_model_size
+    from oracle.engines import check_model_size, resolve_engine
     from oracle.golden import golden_path, read_golden
     from oracle.models.context import check_context
     from oracle.posture.probes import make_probes
@@ -89,21 +102,22 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     from oracle.schedule import draw_schedule
 
     seed = draw_seed(config, seed)
-    check_engine_config(config.engine)
+    engine = resolve_engine(config.engine)  # the engine's row, once for the run
     check_prompts(config)
     if config.checks.golden.requirement != "off":
         read_golden(golden_path(config))  # type: ignore[arg-type]
-    model = resolve_model(config)
+    model = resolve_model(config, engine)
     targets = tuple(load_targets(config, model))
     check_context(config, model, targets)
     trials = tuple(draw_schedule(config.schedule, [len(t.token_ids) for t in targets], seed))
     vocab = model.require_vocab_size()
-    hazards = tuple(declared_hazard_matches(config, model))
+    hazards = tuple(declared_hazard_matches(config, model, engine))
     specs = [spec for m in hazards for spec in m.hazard.probes]
     probes = make_probes(config, targets, model, seed, len(trials), vocab, specs)  # after the drawn trials
     targets, trials = targets + probes.targets, trials + probes.trials
-    check_model_size(config.engine, model, kv_tokens(config, targets, trials))
-    return Plan(config, model, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed)
+    check_model_size(config.engine, model, kv_tokens(config, targets, trials), row=engine)
+    return Plan(config, model, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed,
+                engine_kind=engine)
 
 
 def hazard_inputs(config: Config, model: ModelFacts) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -112,7 +126,7 @@ def hazard_inputs(config: Config, model: ModelFacts) -> tuple[dict[str, Any], di
     return model.hazard_facts(), {"temperature": s.temperature, "max_tokens": s.max_tokens}
 
 
-def declared_hazard_matches(config: Config, model: ModelFacts) -> list[HazardMatch]:
+def declared_hazard_matches(config: Config, model: ModelFacts, engine: EngineKind | None = None) -> list[HazardMatch]:
     """The known hazards (shipped and the config's own file) the config's invariant posture matches or may match."""
     from oracle.engines.kinds import declared_posture
     from oracle.posture.hazards import hazards_for, match_hazards
@@ -120,7 +134,7 @@ def declared_hazard_matches(config: Config, model: ModelFacts) -> list[HazardMat
     if config.checks.invariance.requirement == "off":
         return []
     facts, sampling = hazard_inputs(config, model)
-    return match_hazards(declared_posture(config.engine, "invariant"), facts, sampling, hazards_for(config))
+    return match_hazards(declared_posture(config.engine, "invariant", engine), facts, sampling, hazards_for(config))
 
 
 def kv_tokens(config: Config, targets: Sequence[Target], trials: Sequence[Trial]) -> int:
@@ -168,15 +182,15 @@ def trial_requests(plan: Plan, trial: Trial) -> tuple[list[Request], int]:
     return fillers[: trial.position] + [req] + fillers[trial.position :], trial.position
 
 
-# Request id prefixes a run uses (solo_request, trial_requests, oracle.execute's checks) -> the phase.
-_PHASES = (("solo-", "references"), ("prefill-", "prefill/decode check"), ("prefix-", "prefix-cache check"),
-           ("sampled-", "seeded-sampling check"))
+# Request id prefixes the plan gives (solo_request, trial_requests) -> the phase. A check's runs name their
+# phase themselves (their row's `CheckRun.phase`, through oracle.execute.generate).
+_PHASES = (("solo-", "references"),)
 _NUMBERED = (("shrink", "shrinking (trial {n})"), ("trial", "trial {n}"))
 
 
 def phase_of(request_ids: Sequence[str]) -> str:
     """Which phase of a run a generate call belongs to, read from its request ids (for a hang's message):
-    references, trial N, shrinking (trial N), a check's runs; else the first request's id."""
+    references, trial N, shrinking (trial N); else the first request's id."""
     if not request_ids:
         return "generate call with no requests"
     first = request_ids[0]  # a trial's requests share its prefix

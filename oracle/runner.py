@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle import __version__
+from oracle.checks.invariance import hazard_probes
 from oracle.config import Config
 from oracle.engines.contract import Completion, Engine, Mode
 from oracle.environment import collect_environment
 from oracle.errors import EngineError
 from oracle.execute import ModeExecution, ModeResult, RunSpec, generate
-from oracle.judge import Runs, check_runs, coverage, hazard_probes, judge, modes_read
+from oracle.judge import Runs, check_runs, coverage, judge, modes_read
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, slice_plan, solo_request
 from oracle.report import Report, TrialRecord
@@ -43,12 +44,10 @@ View = Callable[[Report, Path], Any]
 def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
     picks the server of a mode given a list of URLs (the openai row's `instance` in oracle.engines.kinds; the cross_instance check's second)."""
-    from oracle.engines.kinds import kind_of
     from oracle.lifecycle.watchdog import start_engine
 
-    cfg = plan.config.engine
-    instance_of = kind_of(cfg).instance
-    return lambda mode: start_engine(instance_of(cfg, mode, instance), plan.model_dir, mode)
+    cfg, row = plan.config.engine, plan.engine
+    return lambda mode: start_engine(row.instance(cfg, mode, instance), plan.model_dir, mode, row)
 
 
 class OpLocalizer:
@@ -226,7 +225,8 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     if plan.config.checks.golden.requirement != "off" and inv is not None:
         golden = read_golden(golden_path(plan.config))  # type: ignore[arg-type]
     match_posture_hazards(plan, report)
-    runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden, plan.unformed_probes)
+    runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden, plan.unformed_probes,
+                plan.engine_kind)
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
     report.hazard_probes = hazard_probes(runs, plan.unformed_probes)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oracle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oracle.engines.kinds import EngineKind
 
 
 def code_loading_fields(config: Mapping[str, Any]) -> list[str]:
@@ -23,17 +26,11 @@ def code_loading_fields(config: Mapping[str, Any]) -> list[str]:
     (`module:Class`); `preload` imports modules; the rest is the kind's row's `code_options` (a started
     server's command and environment, vLLM's engine_args that import classes by name, ...). Nothing
     named by the report is imported to find out."""
-    from oracle.engines.kinds import known_row
-
     engine = config.get("engine")
     if not isinstance(engine, Mapping):
         return []
     found = []
-    kind = engine.get("kind", "native")
-    try:
-        row = known_row(kind) if isinstance(kind, str) else None
-    except ConfigError:  # an installed entry point that does not load: its config cannot be trusted blind
-        row = None
+    row = _row_of(engine)
     if row is None or row.user_code:
         found.append("engine.kind")
     if engine.get("preload"):
@@ -43,6 +40,19 @@ def code_loading_fields(config: Mapping[str, Any]) -> list[str]:
         code = row.code_options(options) if row is not None else _any_kind_code_options(options)
         found += [f"engine.options.{name}" for name in code]
     return found
+
+
+def _row_of(engine: Mapping[str, Any]) -> EngineKind | None:
+    """The row of a report's engine kind, built in or installed, without importing any code the report names;
+    None for a `module:Class` kind, an unknown one, or an installed entry point that does not load (its config
+    cannot be trusted blind)."""
+    from oracle.engines.kinds import known_row
+
+    kind = engine.get("kind", "native")
+    try:
+        return known_row(kind) if isinstance(kind, str) else None
+    except ConfigError:
+        return None
 
 
 def _any_kind_code_options(options: Mapping[str, Any]) -> list[str]:
@@ -64,16 +74,15 @@ def require_trust(report_path: Path, config: Mapping[str, Any], trusted: bool) -
 
 
 def named_server(config: Mapping[str, Any]) -> str | None:
-    """The server a report's config sends requests to, named by the report (an openai engine's
-    `base_url`), or None (the engine runs here, or the config starts its server: `command`, gated as code)."""
+    """The server a report's config sends requests to, named by the report (the URL its kind's row reads from
+    `engine.options`: an openai engine's `base_url`), or None (the engine runs here, or the config starts its
+    server: `command`, gated as code)."""
     engine = config.get("engine")
     options = engine.get("options") if isinstance(engine, Mapping) else None
-    if not isinstance(engine, Mapping) or engine.get("kind") != "openai" or not isinstance(options, Mapping):
+    if not isinstance(engine, Mapping) or not isinstance(options, Mapping):
         return None
-    url = options.get("base_url")
-    if isinstance(url, Mapping):
-        url = ", ".join(str(v) for v in url.values() if v)
-    return str(url) if url else None
+    row = _row_of(engine)
+    return row.server_url(options) if row is not None else None
 
 
 def replay_command(report_path: str | Path, trial_id: int, config: Mapping[str, Any], verb: str = "replay") -> str:

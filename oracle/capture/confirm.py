@@ -21,8 +21,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from oracle.capture.copies import clone_inputs
-from oracle.capture.rows import Snapshot, kv_rows, named_args, select_rows
+from oracle.capture.rows import Snapshot, named_args
 from oracle.capture.rules import bitwise_equal, ulp_distance
+from oracle.capture.target_rows import kv_rows, select_rows
 from oracle.engines.contract import position_ranges
 
 

@@ -28,7 +28,8 @@ import torch
 
 from oracle.capture.copies import clone_inputs, named_args
 from oracle.capture.handles import recipe_for, suspect_handles
-from oracle.capture.rows import Snapshot, kv_slots
+from oracle.capture.rows import Snapshot
+from oracle.capture.target_rows import kv_slots
 
 # Python packages that register an op namespace when imported.
 NAMESPACE_IMPORTS = {

@@ -37,8 +37,6 @@ RowsAt = dict[tuple[OpKey, int], tuple[OpCall, int]]  # Captured.rows_at(): (op 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
-STATUSES = ("localized", "kv_state", "after_capture", "inconclusive")
-
 
 # ---------------------------------------------------------------------------------------------
 # Bits

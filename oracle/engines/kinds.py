@@ -5,7 +5,8 @@ Like the kernels' `OVERRIDES` and the judge's `CHECKS`, an engine kind is one de
 them, whether it runs the weights, what its start does and how long it may take, which of its
 options load code (the trust gate of replay, localize and merge), what one server for both modes
 means for it, how its posture is read from the config, and its example config. Every module that
-needs one of these reads the row (`kind_of`); none switches on the kind's name.
+needs one of these reads the row; none switches on the kind's name. A run resolves its row once
+(`oracle.engines.resolve_engine`, when it is planned: `Plan.engine`) and hands it on.
 
 The built-in kinds are `BUILTIN`. A package adds a kind through the entry point group
 `oracle.engines` (as pytest plugins use `pytest11`):
@@ -66,6 +67,10 @@ def _same_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
     return cfg
 
 
+def _sends_nowhere(options: Mapping[str, Any]) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """Everything oracle knows about one engine kind (see the module's docstring).
@@ -75,7 +80,10 @@ class EngineKind:
     plain JSON) that load or run code, dotted below `engine.options`. `fits(cfg, facts, kv_tokens,
     kv_source)` raises ModelError when the model does not fit where the engine puts it; None: not
     checked here. `instance(cfg, mode, i)` is the config of the mode's i-th separately started engine
-    (cross_instance)."""
+    (cross_instance). `server_url(options)`: the server a config of this kind sends requests to, read from
+    `engine.options` as a report stores them (None: it runs here, or starts its own); replay and localize of a
+    downloaded report send nothing there without `--trust-report`. `uses_device`: the engine runs the model in
+    this process, on `engine.device` (vLLM picks its device in its own worker, a server is wherever it runs)."""
 
     name: str
     build: Builder
@@ -97,6 +105,8 @@ class EngineKind:
     # (field, import name, install line) each.
     config_packages: Callable[[EngineConfig], list[tuple[str, str, str]]] = lambda cfg: []
     user_code: bool = False  # `module:Class`: the kind itself names code to import
+    server_url: Callable[[Mapping[str, Any]], str | None] = _sends_nowhere
+    uses_device: bool = True
 
 
 # --- the pieces of the built-in rows -------------------------------------------------------------------------
@@ -207,6 +217,22 @@ def _openai_shared_server(cfg: EngineConfig) -> bool:
     return isinstance(cfg.options.get("base_url"), str)
 
 
+def _option_urls(*names: str) -> Callable[[Mapping[str, Any]], str | None]:
+    """The server URL held by the first of `names` that is set in `engine.options`: a URL, or one per mode
+    (joined with ", ")."""
+
+    def server_url(options: Mapping[str, Any]) -> str | None:
+        for name in names:
+            url = options.get(name)
+            if isinstance(url, Mapping):
+                url = ", ".join(str(v) for v in url.values() if v)
+            if url:
+                return str(url)
+        return None
+
+    return server_url
+
+
 def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
     """`cfg` with the mode's URL list (if any) resolved to instance `index`'s server: the cross_instance check
     starts a mode's engine a second time. An engine that starts its own server (`command`) is simply started
@@ -299,12 +325,13 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
                install=VLLM_INSTALL,
                start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
                code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
-               fits=_fits_vllm),
+               fits=_fits_vllm, uses_device=False),
     EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OPTIONS["openai"], packages=("httpx",),
                install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
                own_start_timeout=_openai_start_timeout, code_options=_process_options,
                shared_server=_openai_shared_server, declare_posture=posture.declare_openai, example="server",
                instance=_openai_instance, config_packages=_openai_server_packages,
+               server_url=_option_urls("base_url"), uses_device=False,
                prefix_cache_hint=" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
                                  "--enable-prompt-tokens-details, SGLang with --enable-cache-report)"),
 )}
@@ -316,7 +343,8 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
 def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     """The row of an engine class (a `module:Class` kind, or a class an entry point names): built as
     `Class(model=..., mode=..., **custom_engine_kwargs)`; the rest from its optional class attributes
-    (`needs_weights`, `code_loading_options`, `start_work`) and the defaults."""
+    (`needs_weights`, `code_loading_options`, `start_work`, `server_options`: the options that hold the URL of
+    a server it sends requests to) and the defaults."""
     from oracle.engines.contract import class_needs_weights
 
     declared = getattr(cls, "code_loading_options", ())
@@ -331,9 +359,11 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
         return construct_class(cfg, cls, model_dir, mode)
 
     start_work = getattr(cls, "start_work", None)
+    servers = getattr(cls, "server_options", ())
+    server_url = _option_urls(*(str(o) for o in servers)) if isinstance(servers, (list, tuple)) else _sends_nowhere
     return EngineKind(name, build, runs_weights=class_needs_weights(cls), code_options=code_options,
                       start_work=start_work if isinstance(start_work, str) else f"{name}'s constructor",
-                      user_code=user_code, declare_posture=posture.declare_stated(cls))
+                      user_code=user_code, declare_posture=posture.declare_stated(cls), server_url=server_url)
 
 
 # --- lookup -----------------------------------------------------------------------------------------------------
@@ -406,13 +436,13 @@ def example_configs() -> dict[str, str]:
     return {name: row.example for name, row in BUILTIN.items() if row.example}
 
 
-def declared_posture(engine: EngineConfig, mode: str) -> dict[str, Any]:
-    """The posture the config asks for (`engine` is `config.engine`), before any engine starts: what the
-    config sets, the engine's installed version, and "unknown" for what only the started engine knows
-    (`oracle.posture`); what a kind adds is its row's `declare_posture`."""
+def declared_posture(engine: EngineConfig, mode: str, row: EngineKind | None = None) -> dict[str, Any]:
+    """The posture the config asks for (`engine` is `config.engine`; `row` its kind's, resolved by the plan),
+    before any engine starts: what the config sets, the engine's installed version, and "unknown" for what only
+    the started engine knows (`oracle.posture`); what a kind adds is its row's `declare_posture`."""
     env = {k: os.environ[k] for k in posture.POSTURE_ENV if k in os.environ}
     out: dict[str, Any] = {key: posture.UNKNOWN for key in posture.FIELDS}
     out.update(engine=engine.kind, dtype=engine.dtype, chunked_prefill=engine.enable_chunked_prefill,
                prefix_caching=engine.enable_prefix_caching, env=env)
-    kind_of(engine).declare_posture(engine, mode, out, env)
+    (row or kind_of(engine)).declare_posture(engine, mode, out, env)
     return out

@@ -38,41 +38,32 @@ model or server is never compared (its NaNs would be bitwise equal to themselves
 Transient failures (HTTP 429/500/502/503/504, a connection reset or dropped) are retried up to
 `max_retries` times with exponential backoff (`retry_backoff_s`, doubling, at most 8 s) and counted
 in describe()["retries"]; what persists is an EngineError naming the URL.
+
+A server started by `command` is oracle.engines.openai_server's; an answer is read by oracle.engines.openai_answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import ipaddress
-import math
 import os
 import secrets
-import signal
-import socket
-import struct
-import subprocess
 import sys
-import tempfile
 import time
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from oracle.config import EngineConfig
 from oracle.engine_options import ModeURLs, OpenAIOptions
-from oracle.engines.contract import Capabilities, Completion, Mode, Request, StepEvidence
+from oracle.engines.contract import Capabilities, Completion, Mode, Request
+from oracle.engines.openai_answers import cached_tokens, parse_choice
+from oracle.engines.openai_server import HOST, Server, free_port, substitute
 from oracle.errors import ConfigError, EngineError
-from oracle.lifecycle import tether
 
-HOST = "127.0.0.1"
 EVIDENCE = ("client-side concurrency: num_seqs is the most requests in flight at once during the "
             "request's lifetime; the server's own batches are not visible")
-_LOG_TAIL_LINES = 15
 _BODY_EXCERPT = 200
-_STOP_GRACE_S = 5.0
 _EXIT_WAIT_S = 2.0  # after a failed request: how long a dying server may take to exit
 TRANSIENT_STATUS = (429, 500, 502, 503, 504)
 _MAX_BACKOFF_S = 8.0
@@ -101,119 +92,8 @@ def _one_line(text: str, limit: int = _BODY_EXCERPT) -> str:
     return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
-def _f32(x: float) -> float:
-    """The float32 value of a JSON number (servers print float32 logprobs as decimal)."""
-    return float(struct.unpack("<f", struct.pack("<f", x))[0])
-
-
-def _finite(x: Any, where: str) -> float:
-    """A logprob from the answer as float32; null, NaN, Infinity or a non-number is a malformed answer
-    (a sampled or listed token has a finite logprob; a broken model must not compare equal to itself)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise ValueError(f"{where} is {x!r}, not a number")
-    try:
-        value = _f32(float(x))
-    except OverflowError:  # beyond float32
-        value = math.inf
-    if not math.isfinite(value):
-        raise ValueError(f"{where} is {x!r}, not a finite logprob")
-    return value
-
-
-def _token_id(token: str) -> int:
-    prefix, _, num = token.partition(":")
-    if prefix != "token_id" or not num.lstrip("-").isdigit():
-        raise ValueError(f"token {token!r} is not 'token_id:N' (does the server honour return_tokens_as_token_ids?)")
-    return int(num)
-
-
-def topk_digest(top: Mapping[int, float] | Mapping[str, float] | Mapping[int | str, float]) -> str:
-    """sha256 of the top-k as (int32 token id, float32 bits) pairs, sorted by token id.
-
-    A server that names top-k entries by token text (no ids) gets (utf-8 text, float32 bits) pairs
-    sorted by text: still a bitwise comparison of the same top-k.
-    """
-    h = hashlib.sha256()
-    for key in sorted(top):  # type: ignore[type-var]
-        bits = struct.unpack("<I", struct.pack("<f", top[key]))[0]  # type: ignore[index]
-        if isinstance(key, int):
-            h.update(struct.pack("<iI", key, bits))
-        else:
-            data = str(key).encode()
-            h.update(struct.pack("<I", len(data)) + data + struct.pack("<I", bits))
-    return h.hexdigest()
-
-
-def _top_key(token: str) -> int | str:
-    prefix, _, num = token.partition(":")
-    return int(num) if prefix == "token_id" and num.lstrip("-").isdigit() else token
-
-
-def cached_tokens(answer: Any) -> int:
-    """The prompt tokens the server took from its prefix cache, as it reports them in
-    `usage.prompt_tokens_details.cached_tokens` (vLLM with --enable-prompt-tokens-details, SGLang with
-    --enable-cache-report); 0 when it does not say."""
-    usage = answer.get("usage") if isinstance(answer, dict) else None
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    n = details.get("cached_tokens") if isinstance(details, dict) else None
-    return n if type(n) is int and n > 0 else 0
-
-
 def _new_salt() -> str:
     return f"oracle-{secrets.token_hex(8)}"
-
-
-def _choice_token_ids(choice: dict[str, Any], lp: dict[str, Any]) -> list[int]:
-    """The sampled token ids: the ids a server returns beside the text (SGLang's return_token_ids), else read
-    from the logprobs' token strings."""
-    ids = choice.get("token_ids")
-    if isinstance(ids, list) and ids and all(type(t) is int for t in ids):  # not bool: True is no token id
-        return list(ids)
-    return [_token_id(t) for t in lp["tokens"]]
-
-
-def _top2_steps(top_logprobs: list[Any]) -> tuple[list[str], list[tuple[float, float]]]:
-    """Per step of `top_logprobs`: the digest of its top-k and its two best logprobs."""
-    digests: list[str] = []
-    top2: list[tuple[float, float]] = []
-    for i, step in enumerate(top_logprobs):
-        if not isinstance(step, dict):
-            raise ValueError(f"top_logprobs[{i}] is {step!r}, not an object")
-        top = {_top_key(t): _finite(v, f"top_logprobs[{i}][{t!r}]") for t, v in step.items()}
-        if len(top) < 2:
-            raise ValueError(f"top_logprobs[{i}] holds {len(top)} entries; asked for at least 2")
-        values = sorted(top.values(), reverse=True)
-        digests.append(topk_digest(top))
-        top2.append((values[0], values[1]))
-    return digests, top2
-
-
-def parse_choice(request: Request, choice: dict[str, Any], num_seqs: int, num_cached_tokens: int = 0) -> Completion:
-    """One `/v1/completions` choice as a Completion; raises ValueError/KeyError/TypeError if malformed.
-    `num_cached_tokens` (the prompt tokens served from the prefix cache) goes on the prefill step's evidence."""
-    lp = choice["logprobs"]
-    if not isinstance(lp, dict):
-        raise ValueError("no logprobs in the answer")
-    token_ids = _choice_token_ids(choice, lp)
-    want = request.sampling.max_tokens
-    if len(token_ids) != want:
-        raise ValueError(f"{len(token_ids)} tokens for max_tokens {want} (finish_reason "
-                         f"{choice.get('finish_reason')!r}); the server must honour ignore_eos and max_tokens")
-    logprobs = [_finite(x, f"token_logprobs[{i}]") for i, x in enumerate(lp["token_logprobs"])]
-    if len(logprobs) != len(token_ids):
-        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} token_logprobs")
-    digests, top2 = _top2_steps(lp.get("top_logprobs") or [])
-    logits = request.sampling.logits != "none"
-    return Completion(request_id=request.request_id, token_ids=token_ids, logprobs=logprobs,
-                      logits_digests=digests if logits and digests else None,
-                      top2=top2 if top2 else None, evidence=_evidence(len(token_ids), num_seqs, num_cached_tokens))
-
-
-def _evidence(num_steps: int, num_seqs: int, num_cached_tokens: int) -> list[StepEvidence]:
-    """What a server tells of its steps: the prefill first, with the prompt tokens it took from its cache."""
-    return [StepEvidence(engine_step=i, num_seqs=num_seqs, num_tokens=0, is_prefill=i == 0, token_index=i,
-                         num_cached_tokens=num_cached_tokens if i == 0 else 0)
-            for i in range(num_steps)]
 
 
 class OpenAIEngine:
@@ -246,7 +126,7 @@ class OpenAIEngine:
         self._salt: str | None = None
         if self.prefix_cache_reset == "cache_salt":
             self._salt = _new_salt()  # the first trial starts cold too
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self.command: list[str] | None = None
         try:
             if options.base_url is None:
@@ -261,12 +141,12 @@ class OpenAIEngine:
     def _start_server(self, command: list[str], env: dict[str, str], startup_timeout_s: float) -> str:
         """Start the mode's server on a free port of 127.0.0.1 (the command's {python}, {model}, {host} and
         {port} substituted; `env` and the mode's env added to ours); its URL once it answers."""
-        port = _free_port()
+        port = free_port()
         subs = {"{python}": sys.executable, "{model}": str(self.model), "{host}": HOST, "{port}": str(port)}
-        self.command = [_substitute(c, subs) for c in command]
+        self.command = [substitute(c, subs) for c in command]
         server_env = {**os.environ, **env, **self.mode_env}
         base_url = f"http://{HOST}:{port}"
-        self._server = _Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
+        self._server = Server.start(self.command, server_env, base_url, startup_timeout_s, self._httpx)
         self._server.check_loopback(port)
         return base_url
 
@@ -498,145 +378,3 @@ def mode_url(base_url: str | ModeURLs, mode: Mode) -> str:
     return url if isinstance(url, str) else url[0]
 
 
-def listening_hosts(port: int) -> list[str] | None:
-    """The addresses of the sockets listening on TCP `port` (Linux's /proc/net/tcp{,6}); None elsewhere."""
-    hosts: list[str] = []
-    readable = False
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(name).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for line in lines:
-            parts = line.split()
-            if len(parts) < 4 or parts[3] != "0A":  # 0A: LISTEN
-                continue
-            addr_hex, _, port_hex = parts[1].partition(":")
-            if int(port_hex, 16) != port:
-                continue
-            raw = bytes.fromhex(addr_hex)
-            # the kernel prints each 32-bit word of the address in host (little-endian) order
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            hosts.append(str(ipaddress.ip_address(packed)))
-    return hosts if readable else None
-
-
-def _is_loopback(host: str) -> bool:
-    address = ipaddress.ip_address(host)
-    mapped = getattr(address, "ipv4_mapped", None)
-    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-def _substitute(item: str, subs: dict[str, str]) -> str:
-    for key, value in subs.items():
-        item = item.replace(key, value)
-    return item
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class _Server:
-    """A server process this engine started, in a session of its own; every wait has a deadline.
-
-    Its output goes to a temporary log, removed when the server is stopped (or the engine dropped):
-    errors carry the log's last lines, so nothing is left in the temp folder.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.proc, self.log_path = proc, log_path
-        # Kill the server (and remove its log) if the engine is dropped without close(), or at interpreter exit.
-        self._finalizer = weakref.finalize(self, _kill, proc, log_path)
-
-    @classmethod
-    def start(cls, argv: list[str], env: dict[str, str], base_url: str, timeout_s: float, httpx: Any) -> _Server:
-        fd, log_name = tempfile.mkstemp(prefix="oracle-server-", suffix=".log")
-        try:
-            with os.fdopen(fd, "wb") as log:
-                # Tethered: the server dies with this process however it ends (SIGKILL included).
-                proc = tether.popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(log_name)
-            raise EngineError(f"{_option('command')}: cannot start {argv[0]!r}: {e}") from e
-        server = cls(proc, Path(log_name))
-        try:
-            server._wait_ready(base_url, timeout_s, httpx)
-        except BaseException:
-            server.stop()
-            raise
-        return server
-
-    def _wait_ready(self, base_url: str, timeout_s: float, httpx: Any) -> None:
-        deadline = time.monotonic() + timeout_s
-        paths = ["/health", "/v1/models"]
-        while True:
-            if self.proc.poll() is not None:
-                raise EngineError(f"the server exited with code {self.proc.returncode} while starting"
-                                  f"{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise EngineError(f"server at {base_url} not ready within {timeout_s:g} s "
-                                  f"({_option('startup_timeout_s')}){self.log_tail()}")
-            for path in list(paths):
-                try:
-                    r = httpx.get(base_url + path, timeout=2.0)
-                except httpx.HTTPError:
-                    break  # not listening yet
-                if r.status_code == 200:
-                    return
-                if r.status_code == 404 and len(paths) > 1:
-                    paths.remove(path)  # no /health: fall back to /v1/models
-            time.sleep(0.25)
-
-    def check_loopback(self, port: int) -> None:
-        """ConfigError when the server listens on `port` at an address other than loopback (0.0.0.0)."""
-        hosts = listening_hosts(port)
-        exposed = [h for h in hosts or () if not _is_loopback(h)]
-        if exposed:
-            raise ConfigError(f"{_option('command')}: the server listens on {exposed[0]} port {port}, not only "
-                              f"on {HOST}; oracle starts servers on loopback only: bind it to {{host}}")
-
-    def exit_code(self, wait_s: float = 0.0) -> int | None:
-        """The server's exit code once it has exited (waiting up to `wait_s`), else None."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            return self.proc.wait(timeout=wait_s) if wait_s > 0 else self.proc.poll()
-        return None
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise EngineError(f"the server exited with code {self.proc.returncode}{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        tail = "\n".join(lines[-_LOG_TAIL_LINES:])
-        return f", last lines of its output:\n{tail}" if tail else " (it printed nothing)"
-
-    def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL it if it has not exited after a few seconds."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=_STOP_GRACE_S)
-        self._finalizer()  # SIGKILLs the group (children too), reaps, removes the log
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    # The server's tether leads its own session, so the group id is its PID (the server is in the group).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _kill(proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    _signal_group(proc, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    tether.release(proc)
-    with contextlib.suppress(OSError):
-        log_path.unlink()

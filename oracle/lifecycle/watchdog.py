@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from oracle.capture.rows import RowCapture
     from oracle.capture.rules import LocalizedOp
     from oracle.config import EngineConfig
+    from oracle.engines.kinds import EngineKind
 
 T = TypeVar("T")
 CLOSE_AFTER_ABANDON_S = 30.0  # close() after an engine call was abandoned (a hang, a signal)
@@ -59,20 +60,22 @@ LOCALIZE_CALLS = 3  # localize runs both sides captured and confirms: up to thre
 START_GRACE_S = 60.0
 
 
-def start_timeout(cfg: EngineConfig) -> tuple[float | None, str]:
+def start_timeout(cfg: EngineConfig, row: EngineKind | None = None) -> tuple[float | None, str]:
     """The deadline of an engine's start (its constructor: model load, worker handshake, server start,
     first probe), and the fields it comes from.
 
     `engine.timeout_s`, plus the engine's own start timeout and a grace where it starts something
     that has one (a vLLM worker's `start_timeout_s`, a server started by `command`:
     `startup_timeout_s`), so that the engine's own, more precise error comes first. The first probe
-    of a running server (`base_url`) gets `engine.timeout_s`. None when `engine.timeout_s` is null.
+    of a running server (`base_url`) gets `engine.timeout_s`. None when `engine.timeout_s` is null. `row`: the
+    kind's, resolved by the plan (else looked up, a `module:Class` not imported: it has no start timeout).
     """
     if cfg.timeout_s is None:
         return None, "engine.timeout_s"
-    from oracle.engines.kinds import known_row
+    if row is None:
+        from oracle.engines.kinds import known_row
 
-    row = known_row(cfg.kind)  # a module:Class has no start timeout of its own
+        row = known_row(cfg.kind)
     own = row.own_start_timeout(cfg) if row is not None else None
     if own is None:
         return cfg.timeout_s, "engine.timeout_s"
@@ -267,25 +270,26 @@ class GuardedEngine:
 CLOSE_LATE_S = 30.0  # how long the run waits for an abandoned engine's close
 
 
-def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Worker | None = None) -> Engine:
+def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Worker | None = None,
+                 row: EngineKind | None = None) -> Engine:
     """Build the engine `cfg.kind` for `mode` under the start deadline; EngineError naming the phase when
     it does not finish in time (or raises, or calls sys.exit()).
 
     The constructor runs on `worker`'s thread (a fresh one when None). An engine whose start was
     abandoned and that finishes starting later is closed at once, so a server or worker it started
-    does not outlive the run's error.
+    does not outlive the run's error. `row`: the kind's, resolved by the plan (else resolved in the
+    constructor's thread, after the preloads).
     """
     from oracle.engines import construct_engine
-    from oracle.engines.kinds import known_row
 
-    timeout, limit = start_timeout(cfg)
+    timeout, limit = start_timeout(cfg, row)
     lock = threading.Lock()
     given_up = False
     built: list[Engine] = []
 
     def construct() -> Engine:
         nonlocal given_up
-        engine = construct_engine(cfg, model_dir, mode)
+        engine = construct_engine(cfg, model_dir, mode, row)
         with lock:  # finished and abandoned exclude each other: exactly one side closes a late engine
             late = given_up
             built.append(engine)
@@ -293,7 +297,10 @@ def build_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, *, worker: Work
             _close_quietly(engine)
         return engine
 
-    row = known_row(cfg.kind)  # a module:Class is imported in the constructor's thread, after the preloads
+    if row is None:
+        from oracle.engines.kinds import known_row
+
+        row = known_row(cfg.kind)  # a module:Class is imported in the constructor's thread, after the preloads
     work = row.start_work if row is not None else f"{cfg.kind}'s constructor"
     try:
         return call(construct, timeout, "start", worker, f"the {mode} engine's start ({work})", limit)
@@ -318,10 +325,10 @@ def _close_quietly(engine: Engine) -> None:
     closer.join(CLOSE_LATE_S)
 
 
-def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode) -> GuardedEngine:
+def start_engine(cfg: EngineConfig, model_dir: Path, mode: Mode, row: EngineKind | None = None) -> GuardedEngine:
     """build_engine under the start deadline (`start_timeout`), with sys.exit() and stray exceptions while
     starting turned into EngineError, wrapped so that every later call has the watchdog. The engine
-    is built on the thread that then runs its calls."""
+    is built on the thread that then runs its calls. `row`: the kind's, resolved by the plan."""
     worker = Worker()
-    engine = build_engine(cfg, model_dir, mode, worker=worker)
+    engine = build_engine(cfg, model_dir, mode, worker=worker, row=row)
     return GuardedEngine(engine, cfg.timeout_s, worker)

@@ -264,17 +264,6 @@ def _vllm_sampler(env: dict[str, str]) -> str:
     return UNKNOWN
 
 
-def posture_lines(posture: dict[str, Any]) -> list[str]:
-    """`key: value` per setting of one mode's posture, unknown ones last (for views)."""
-    known = [k for k in FIELDS if posture.get(k, UNKNOWN) != UNKNOWN]
-    unknown = [k for k in FIELDS if posture.get(k, UNKNOWN) == UNKNOWN]
-    lines = [f"{k}: {json.dumps(posture[k], sort_keys=True) if isinstance(posture[k], dict) else posture[k]}"
-             for k in known]
-    if unknown:
-        lines.append("unknown: " + ", ".join(unknown))
-    return lines
-
-
 def summary_line(posture: PostureRecord | None) -> str | None:
     """`posture 1a2b... (invariant 3c4d..., production 5e6f...): vllm 0.32.0 on cpu, ...` for the summaries."""
     if posture is None:

@@ -129,12 +129,6 @@ class ConsoleObserver(Observer):
 
 
 _STYLE: dict[Tone, str] = {"blocking": "red", "notice": "yellow", "pass": "green", "skipped": "dim"}
-# The divergence tables: their titles and the checks each holds.
-_SECTIONS = (("invariant-mode divergences", ("invariance", "repeatability", "prefill_decode", "prefix_cache",
-                                            "seeded_sampling", "cross_instance")),
-             ("production-mode divergences (drift)", ("drift",)))
-
-
 def style(c: CheckResult) -> str:
     """A check's row style: red only where it blocks, yellow for warnings and report-only findings."""
     return _STYLE[tone(c)]
@@ -149,7 +143,9 @@ def print_summary(console: Console, report: Report, report_path: str, max_rows: 
         if c.name == "golden" and c.verdict != "pass":
             for line in golden_lines(c):
                 console.print(terminal_text(line), style=style(c))
-    for title, checks in _SECTIONS:
+    from oracle.judge import sections  # the divergence tables: each check's row names its section
+
+    for title, checks in sections():
         rows = minimal_first(d for d in report.divergences if d.check in checks)
         if rows:
             _divergence_table(console, title, rows, max_rows, narrow, replay_of(report, report_path))
@@ -346,7 +342,3 @@ def _fmt(x: float | int | None) -> str:
     if x is None:
         return ""
     return str(x) if isinstance(x, int) else f"{x:.3g}"
-
-
-def error_line(message: str) -> None:
-    print(f"oracle: error: {terminal_text(message, newlines=True)}", file=sys.stderr)

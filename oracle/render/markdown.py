@@ -21,7 +21,6 @@ from oracle.render.verdict import (
 )
 from oracle.report import CheckResult, DivergenceRecord, Report
 
-_CHECKS = ("invariance", "repeatability", "prefill_decode", "prefix_cache", "seeded_sampling", "cross_instance", "drift")
 _DIVERGENCE_HEAD = ("| target | trial | step | kind | token exp → act | ULP | max abs Δlogit | margin | seqs in pass |",
                     "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |")
 
@@ -38,7 +37,9 @@ def render_markdown(report: Report, max_rows: int = 10, report_path: str = "repo
     """The summary; `report_path`: where report.json is, for the replay command."""
     lines = _head(report) + _golden(report)
     replays = dict(replay_lines(report, report_path))
-    for check in _CHECKS:
+    from oracle.judge import sections  # each check's row names its section
+
+    for check in (name for _, names in sections() for name in names):
         rows = minimal_first(d for d in report.divergences if d.check == check)
         if rows:
             lines += _divergence_section(check, rows, max_rows)

@@ -31,9 +31,10 @@ def small_qwen3(model_cache: Path) -> Path:
     return ensure_model("small-qwen3", cache_dir=model_cache)
 
 
-def _run(model: Path, out: Path, trials: int, **engine_args: Any) -> Any:
+def _run(model: Path, out: Path, trials: int, eager: bool = False, **engine_args: Any) -> Any:
     raw = yaml.safe_load(CONFIG.read_text())
     raw["model"] = str(model)
+    raw["engine"]["options"]["enforce_eager"] = eager
     raw["schedule"]["trials"] = trials
     raw["checks"].update(fidelity="off", drift="off", negative_control="off")
     raw["engine"]["options"]["engine_args"] = engine_args
@@ -61,7 +62,7 @@ def test_oracle_kernels_cover_every_op_and_invariance_passes(small_qwen3: Path, 
 
 
 def test_an_unpinned_attention_backend_keeps_invariance_from_passing(small_qwen3: Path, tmp_path: Path) -> None:
-    report = _run(small_qwen3, tmp_path / "r", trials=6, attention_backend="FLASH_ATTN")
+    report = _run(small_qwen3, tmp_path / "r", trials=6, eager=True, attention_backend="FLASH_ATTN")
     assert report.posture.coverage["invariant"]["attention"].status == "uncovered"
     result = _check(report, "invariance")
     assert result.verdict == "vacuous" and "does not cover attention (vLLM FLASH_ATTN" in result.message

@@ -1,4 +1,4 @@
-"""`python -m oracle.bench profile`: the native engine's per-phase profile, on the CPU with the tiny preset.
+"""`python -m oracle.bench_profile`: the native engine's per-phase profile, on the CPU with the tiny preset.
 
 The figures are not asserted, only that every field is there and consistent, that the op classes name
 what they should, and that a profiled run gives bitwise the outputs of an unprofiled one.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from oracle.bench import WORKLOADS, Workload, random_decoder, workload_requests
-from oracle.bench import main as bench_main
+from oracle.bench_profile import main as profile_main
 from oracle.bench_profile import op_class
 from oracle.engines.native.profile import FORWARD_KINDS, PHASES, StepProfile
 
@@ -37,7 +37,7 @@ def test_op_classes(name: str, cls: str) -> None:
 def test_profile_of_a_small_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(WORKLOADS, "small", SMALL)
     out = tmp_path / "profile.json"
-    assert bench_main(["profile", "--workload", "small", "--warmup", "0", "--json", str(out)]) == 0
+    assert profile_main(["--workload", "small", "--warmup", "0", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     for mode in ("invariant", "production"):
         r = rows["modes"][mode]

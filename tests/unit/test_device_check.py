@@ -11,7 +11,7 @@ import yaml
 
 from oracle.cli import main
 from oracle.config import parse_config
-from oracle.device import check_device
+from oracle.engines import check_device
 from oracle.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

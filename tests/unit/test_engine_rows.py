@@ -19,6 +19,7 @@ from oracle.engines.kinds import BUILTIN, EngineKind, declared_posture, kind_of
 from oracle.errors import ConfigError
 from oracle.example_configs import example_dir
 from oracle.posture import FIELDS, UNKNOWN
+from oracle.runner import run
 from oracle.trust import code_loading_fields
 
 
@@ -181,6 +182,16 @@ def declare(cfg, mode, out, env):
     out["engine_version"] = "row-1.0"
 
 
+class HttpEngine(FakeEngine):
+    """An engine that would send its requests to the server at `endpoint` (here it only answers as the fake)."""
+
+    server_options = ("endpoint",)
+
+    def __init__(self, model, mode, *, endpoint=None, **kwargs):
+        super().__init__(model, mode, **kwargs)
+        self.endpoint = endpoint
+
+
 ROW = EngineKind("ignored", build, RowOptions, start_work="row start",
                  code_options=lambda options: ["script"] if options.get("script") else [],
                  declare_posture=declare)
@@ -189,14 +200,15 @@ ROW = EngineKind("ignored", build, RowOptions, start_work="row start",
 
 @pytest.fixture
 def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A distribution installed on sys.path (its dist-info found by importlib.metadata) that registers two
-    kinds: `fakeclass`, an engine class, and `fakerow`, a row of its own with typed options."""
+    """A distribution installed on sys.path (its dist-info found by importlib.metadata) that registers three
+    kinds: `fakeclass`, an engine class, `fakerow`, a row of its own with typed options, and `fakehttp`, an
+    engine class that sends to the server its `endpoint` option names."""
     site = tmp_path / "site"
     info = site / "oracle_fake_engines-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: oracle-fake-engines\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nfakeclass = fake_engine:FakeEngine\n"
-                                           "fakerow = oracle_fake_rows:ROW\n")
+                                           "fakerow = oracle_fake_rows:ROW\nfakehttp = oracle_fake_rows:HttpEngine\n")
     (site / "oracle_fake_rows.py").write_text(ROWS_MODULE)
     monkeypatch.syspath_prepend(str(site))
     return site
@@ -287,3 +299,48 @@ def test_an_environment_of_inert_variables_loads_no_code_and_any_other_does() ->
     assert code_loading_fields(mixed) == ["engine.options.env"]
     per_mode = {"engine": {"kind": "openai", "options": {"mode_env": {"invariant": {"PYTHONPATH": "/tmp"}}}}}
     assert code_loading_fields(per_mode) == ["engine.options.mode_env"]
+
+
+def test_an_installed_engine_that_sends_to_a_server_is_gated_behind_trust(
+        installed: Path, fake_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trust gate reads the server URL a kind sends to from its row, for every kind: a report naming an
+    installed engine's server sends no credential there, and its replay line carries --trust-report."""
+    from oracle.replay import report_config
+    from oracle.report import load_report
+    from oracle.trust import named_server, replay_command
+
+    data = _config(fake_model, "fakehttp", tmp_path / "r", endpoint="http://127.0.0.1:9")
+    report = run(parse_config(data), report_dir=tmp_path / "r")  # the class takes its option; the run is fine
+    assert report.exit_code() == 0
+    config = json.loads((tmp_path / "r" / "report.json").read_text())["config"]
+    assert named_server(config) == "http://127.0.0.1:9"
+    assert code_loading_fields(config) == []  # it loads no code: the server is what needs trust
+    assert replay_command("r.json", 0, config).endswith("--trust-report")
+    assert named_server({"engine": {"kind": "fakeclass", "options": {"endpoint": "http://x"}}}) is None
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-sent")
+    path = tmp_path / "r" / "report.json"
+    with pytest.raises(ConfigError, match=r"sends requests to http://127\.0\.0\.1:9 .* --trust-report"):
+        report_config(load_report(path), path, trusted=False)
+    assert report_config(load_report(path), path, trusted=True).engine.kind == "fakehttp"
+
+
+def test_a_module_class_engine_is_imported_once_per_run(fake_model: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan resolves the engine's row once (oracle.engines.resolve_engine) and every later reader takes it
+    from the plan: the engines of both modes, the checks, the posture. A `module:Class` is imported once."""
+    import oracle.engines.custom as custom
+
+    imports: list[str] = []
+    real = custom.import_module
+
+    def counted(module: str, field: str, cfg: Any) -> object:
+        if field == "engine.kind":
+            imports.append(module)
+        return real(module, field, cfg)
+
+    monkeypatch.setattr(custom, "import_module", counted)
+    data = _config(fake_model, "tp_engine:TpEngine", tmp_path / "r", tensor_parallel_size=2)
+    data["checks"] = {"cross_instance": "required", "tp_parity": "report"}
+    report = run(parse_config(data), report_dir=tmp_path / "r")
+    assert {c.name for c in report.checks} >= {"invariance", "cross_instance", "tp_parity"}
+    assert imports == ["tp_engine"]

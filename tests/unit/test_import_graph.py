@@ -174,3 +174,22 @@ def test_a_function_level_or_type_only_import_closes_a_circle(tmp_path: Path) ->
     assert cycles(import_graph(package)) == [["oracle.a", "oracle.sub.b", "oracle.c", "oracle.a"]]
     (package / "c.py").write_text("import json\n")
     assert cycles(import_graph(package)) == []
+
+
+def test_the_front_door_exports_lazily() -> None:
+    """`import oracle` loads nothing else of oracle; `oracle.run`, `load_config`, `Config`, `Report` and `Engine` are
+    the modules' own objects, imported on first use."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys, oracle; before = sorted(m for m in sys.modules if m.startswith('oracle')); "
+            "from oracle import Config, Engine, Report, load_config, run; "
+            "import oracle.config, oracle.engines.contract, oracle.report, oracle.runner; "
+            "same = [Config is oracle.config.Config, Engine is oracle.engines.contract.Engine, "
+            "Report is oracle.report.Report, load_config is oracle.config.load_config, run is oracle.runner.run]; "
+            "print(json.dumps([before, same]))")
+    import json
+
+    before, same = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                             check=True).stdout)
+    assert before == ["oracle"] and all(same)

@@ -11,12 +11,16 @@ import pytest
 from broken_engine import BrokenEngine
 from fake_engine import FakeEngine
 
+from oracle.checks.base import Runs
+from oracle.checks.invariance import invariance
+from oracle.checks.repeatability import repeatability
 from oracle.compare import first_divergence
 from oracle.config import parse_config
 from oracle.engines.contract import Completion, Engine, Mode, Request, SamplingParams
 from oracle.errors import ConfigError, EngineError
-from oracle.execute import ModeExecution, ModeResult, generate, repeated_trials
-from oracle.judge import Runs, check_runs, invariance, repeatability
+from oracle.execute import ModeExecution, generate, repeated_trials
+from oracle.judge import check_runs
+from oracle.mode_result import ModeResult
 from oracle.observer import Observer
 from oracle.plan import Plan, plan_run, solo_request, trial_requests
 

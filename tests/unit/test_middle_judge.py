@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oracle.check_runs import PrefixRuns, SampledRound, SampledRuns
+from oracle.checks.base import Runs
+from oracle.checks.prefix_cache import PrefixRuns
+from oracle.checks.seeded_sampling import SampledRound, SampledRuns
 from oracle.config import Config, parse_config
 from oracle.engines.contract import Completion, StepEvidence
-from oracle.execute import InstanceRun, ModeResult
-from oracle.judge import CHECKS, Runs, coverage, judge, modes_read
+from oracle.judge import CHECKS, coverage, judge, modes_read
+from oracle.mode_result import InstanceRun, ModeResult
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
 from oracle.shrink import ShrinkResult
@@ -406,7 +408,7 @@ def test_coverage_counts_what_the_invariant_trials_hit() -> None:
 
 
 def test_nan_never_counts_as_within() -> None:
-    from oracle.judge import within
+    from oracle.checks.base import within
 
     assert not any(within(v, math.inf) for v in (math.nan, math.inf, None))
     assert within(0.25, 0.25) and not within(0.25, 0.25, strict=True)

@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 import yaml
 
+from oracle.checks.base import Runs, within
+from oracle.checks.fidelity import fidelity
 from oracle.cli import main
 from oracle.compare import first_divergence, row_digest
 from oracle.config import parse_config
 from oracle.engines.contract import Completion, Request, SamplingParams, output_problem
-from oracle.execute import ModeExecution, ModeResult, keep_rows
-from oracle.judge import Runs, check_runs, fidelity, within
+from oracle.execute import ModeExecution, keep_rows
+from oracle.judge import check_runs
+from oracle.mode_result import ModeResult
 from oracle.observer import Observer
 from oracle.plan import plan_run, solo_request, trial_requests
 from oracle.runner import run

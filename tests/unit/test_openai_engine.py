@@ -21,7 +21,8 @@ import pytest
 
 from oracle.config import EngineConfig
 from oracle.engines.contract import Request, SamplingParams
-from oracle.engines.openai_engine import OpenAIEngine, topk_digest  # imports httpx only when built
+from oracle.engines.openai_answers import topk_digest
+from oracle.engines.openai_engine import OpenAIEngine  # imports httpx only when built
 from oracle.errors import ConfigError, EngineError
 
 STUB = r'''
@@ -477,7 +478,7 @@ def test_oracle_run_on_two_servers_with_only_a_tokenizer_on_disk(two_stubs: list
 
 def test_token_ids_beside_text_tokens_are_used(tmp_path: Path) -> None:
     """A server that names tokens by text but returns `token_ids` (SGLang's return_token_ids)."""
-    from oracle.engines.openai_engine import parse_choice
+    from oracle.engines.openai_answers import parse_choice
 
     choice = {"token_ids": [5, 9], "logprobs": {"tokens": ["he", "llo"], "token_logprobs": [-0.5, -0.25],
                                                 "top_logprobs": [{"he": -0.5, "ha": -1.0}, {"llo": -0.25, "y": -2.0}]}}
@@ -592,7 +593,7 @@ def test_a_command_naming_a_non_loopback_address_is_refused(tmp_path: Path, item
 
 def test_a_server_that_binds_every_interface_anyway_is_stopped_and_refused(tmp_path: Path, server_tmp: Path) -> None:
     """{host} is on the command line, but the server binds 0.0.0.0 (here from an env var): what it listens on decides."""
-    from oracle.engines.openai_engine import listening_hosts
+    from oracle.engines.openai_server import listening_hosts
 
     if listening_hosts(1) is None:
         pytest.skip("no /proc/net/tcp here")

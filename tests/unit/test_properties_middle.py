@@ -10,10 +10,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oracle.checks.base import Runs
+from oracle.checks.invariance import invariance
 from oracle.config import ScheduleConfig, parse_config
 from oracle.engines.contract import Completion, StepEvidence
-from oracle.execute import ModeResult
-from oracle.judge import Runs, coverage, invariance
+from oracle.judge import coverage
+from oracle.mode_result import ModeResult
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial, draw_schedule, renumber
 from oracle.shrink import _size, shrink

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from oracle.capture.rules import LocalizedOp
-from oracle.check_runs import PrefixRuns, SampledRound, SampledRuns
+from oracle.checks.prefix_cache import PrefixRuns
+from oracle.checks.seeded_sampling import SampledRound, SampledRuns
 from oracle.engines.contract import Completion, StepEvidence
 from oracle.errors import ConfigError
-from oracle.execute import InstanceRun, ModeResult
+from oracle.mode_result import InstanceRun, ModeResult
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
 from oracle.search import SearchOutcome

@@ -6,9 +6,9 @@ and at TP N may differ by design: this check reports by how much (targets that d
 ULP, largest logprob difference, tokens that flipped). Off by default, and reported rather than
 required unless the config says `required`.
 
-Its runs (`TP_PARITY`): invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size`
+Its runs (`RUNS`): invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size`
 (the engine's config from `parity_config`) after the run's own engine closed, and runs every target's solo
-reference; the check compares those with the run's own references (`judge_parity`).
+reference; the check compares those with the run's own references (`tp_parity`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from oracle.checks.base import INV, Check, CheckContext, CheckRun, Judged, Runs, invariant_per_target
 from oracle.compare import first_divergence
 from oracle.config import EngineConfig
 from oracle.engines.contract import Completion
-from oracle.execute import CheckRun, InstanceRun, ModeExecution
 from oracle.lifecycle.watchdog import start_engine
+from oracle.mode_result import InstanceRun
+from oracle.report import CheckResult
 
 FIELD = "tensor_parallel_size"
 
@@ -83,43 +85,56 @@ def same_size_note(cfg: EngineConfig, size: int) -> str | None:
             f"engine.options.{FIELD}")
 
 
-def judge_parity(own: Mapping[int, Completion] | None, other: Mapping[int, Completion] | None, note: str,
-                 names: list[str], run_tp: int, other_tp: int) -> tuple[str, str, dict[str, Any], int, int]:
-    """(verdict, message, evidence, trials, divergent) of tp_parity: the run's references (`own`) against
-    those of invariant mode started at the other size (`other`; None, with `note`, when it did not run)."""
+def tp_parity(runs: Runs, requirement: str) -> Judged:
+    """Invariant mode's references at the run's tensor-parallel size (`own`) against those of invariant mode
+    started at the check's size (`other`; with a note when it did not run): reported with the size of their
+    difference."""
+    inv = runs.inv
+    other: InstanceRun | None = inv.checks.get("tp_parity") if inv is not None else None
+    run_tp, other_tp = run_size(runs.config.engine), runs.config.checks.tp_parity.tensor_parallel_size
     ev: dict[str, Any] = {"tensor_parallel_size": run_tp, "compared_with": other_tp}
-    if own is None or other is None or note:
-        return "vacuous", note or "invariant mode did not run at a second tensor-parallel size", ev, 0, 0
-    ev.update(compare(own, other, names))
+    if inv is None or other is None or other.note:
+        note = (other.note if other is not None else "") or "invariant mode did not run at a second tensor-parallel size"
+        return Judged(CheckResult.vacuous("tp_parity", requirement, evidence=ev, message=note))
+    ev.update(compare(inv.solo, other.solo, [t.name for t in runs.targets]))
     n, differing = ev["targets"], ev["differing"]
     sizes = f"TP {run_tp} and TP {other_tp}"
     if n == 0:
-        return "vacuous", f"no target completed at both {sizes}", ev, 0, 0
+        return Judged(CheckResult.vacuous("tp_parity", requirement, evidence=ev,
+                                          message=f"no target completed at both {sizes}"))
     if not differing:
-        return "pass", f"{n} targets bitwise equal at {sizes}", ev, n, 0
+        return Judged(CheckResult.passed("tp_parity", requirement, trials=n, evidence=ev,
+                                         message=f"{n} targets bitwise equal at {sizes}"))
+    return Judged(CheckResult.failed("tp_parity", requirement, trials=n, divergent=len(differing), evidence=ev,
+                                     message=_difference(ev, n, sizes)))
+
+
+def _difference(ev: dict[str, Any], n: int, sizes: str) -> str:
+    """How many targets differ between the sizes, where the first does, and by how much."""
+    differing = ev["differing"]
     first = differing[0]
     ulp = f", {ev['max_ulp']} ULP at most" if ev["max_ulp"] is not None else ""
     flips = f"; tokens differ in {ev['token_flips']}" if ev["token_flips"] else "; every token the same"
-    message = (f"{len(differing)} of {n} targets differ between {sizes} (outside what batch invariance "
-               f"promises): {first['target']} first at step {first['step']}{ulp}; max |dlogprob| "
-               f"{ev['max_abs_logprob_diff']:.3g}{flips}")
-    return "fail", message, ev, n, len(differing)
+    return (f"{len(differing)} of {n} targets differ between {sizes} (outside what batch invariance "
+            f"promises): {first['target']} first at step {first['step']}{ulp}; max |dlogprob| "
+            f"{ev['max_abs_logprob_diff']:.3g}{flips}")
 
 
-def _run(ex: ModeExecution) -> None:
+def _run(context: CheckContext) -> None:
     """Start invariant mode's engine again at the check's size and run every reference on it."""
-    plan = ex.plan
+    plan, mode = context.plan, context.mode
     cfg, size = plan.config.engine, plan.config.checks.tp_parity.tensor_parallel_size
     note = same_size_note(cfg, size)
     if note is not None:
-        ex.checks["tp_parity"] = InstanceRun(note=note)
+        context.keep(InstanceRun(note=note))
         return
 
     def keep(run: InstanceRun) -> None:
-        ex.checks["tp_parity"] = replace(run, engine={**run.engine, FIELD: size})
+        context.keep(replace(run, engine={**run.engine, FIELD: size}))
 
-    ex.run_again(f"{ex.mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, ex.mode),
-                 (), keep)
+    context.run_again(f"{mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, mode, plan.engine),
+                      (), keep)
 
 
-TP_PARITY = CheckRun(InstanceRun, _run, lambda ex: ex.mode == "invariant" and ex.per_target, after_close=True)
+RUNS = CheckRun(InstanceRun, _run, invariant_per_target, after_close=True)
+ROW = Check("tp_parity", tp_parity, INV, INV, RUNS)
