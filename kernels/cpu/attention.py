@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import check_attention_inputs
+from ..attention import LayoutCache, check_attention_inputs
 from ..config import ATTENTION_TILES, AttentionTiles
 
 # --- kernel: one block of `problems` fixed-shape chunk problems --------------------------------
@@ -152,30 +152,7 @@ def _plan(
     return AttentionPlan(t, tuple(chunks), t.token.reshape(-1)[valid_rows], t.head.reshape(-1)[valid_rows], valid_rows)
 
 
-class _PlanCache:
-    """The last plan made, found again when a call's layout tensors hold the same values: the decoder
-    gives every layer of a pass the same block_tables, seq_lens and query_start_loc. Compared by
-    value, so a tensor changed in place since, or an equal one, is never mistaken for another.
-    (As Python lists: torch.equal would run the kernels' own sum while they are enabled.)"""
-
-    def __init__(self) -> None:
-        self._entry: tuple[tuple[object, ...], AttentionPlan] | None = None
-
-    def get(
-        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int,
-        num_kv_heads: int, group: int, tiles: AttentionTiles,
-    ) -> AttentionPlan:
-        key = (block_size, num_kv_heads, group, tiles,
-               *((x.dtype, x.shape, x.tolist()) for x in (block_tables, seq_lens, query_start_loc)))
-        entry = self._entry  # one read: another thread may replace it meanwhile
-        if entry is not None and entry[0] == key:
-            return entry[1]
-        plan = _plan(block_tables, seq_lens, query_start_loc, block_size, num_kv_heads, group, tiles)
-        self._entry = (key, plan)
-        return plan
-
-
-_PLANS = _PlanCache()
+_PLANS: LayoutCache[AttentionPlan] = LayoutCache()
 
 
 def _chunk_slots(
@@ -196,7 +173,7 @@ def _gather(cache: torch.Tensor, slot: torch.Tensor, kv_head: torch.Tensor, in_c
     return torch.where(in_context[..., None], values, 0.0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunningSoftmax:
     """The softmax state of every row, updated chunk by chunk in place.
 
@@ -215,23 +192,30 @@ class RunningSoftmax:
             torch.zeros(num_tiles, rows, head_dim),
         )
 
-    def merge(self, idx: torch.Tensor, c_max: torch.Tensor, c_total: torch.Tensor, c_acc: torch.Tensor) -> None:
-        """Fold one chunk's statistics (for tiles `idx`, [A, R] and [A, R, D]) into the state.
+    def merge(self, idx: torch.Tensor | None, c_max: torch.Tensor, c_total: torch.Tensor, c_acc: torch.Tensor) -> None:
+        """Fold one chunk's statistics (for tiles `idx`, [A, R] and [A, R, D]; None: every tile, in order)
+        into the state.
 
         Rows the chunk gives no key (c_max = -inf) keep their state exactly: they are selected
         away, not rescaled by 1 and added to zero, so the extra chunks a prefill tile runs for
         its later rows leave its earlier rows bitwise as a decode would.
         """
-        old_max, old_total, old_acc = self.max[idx], self.total[idx], self.acc[idx]
+        if idx is None:
+            old_max, old_total, old_acc = self.max, self.total, self.acc
+        else:
+            old_max, old_total, old_acc = self.max[idx], self.total[idx], self.acc[idx]
         new_max = torch.maximum(old_max, c_max)
         ref = torch.where(new_max == float("-inf"), 0.0, new_max)
         old_scale, c_scale = torch.exp(old_max - ref), torch.exp(c_max - ref)
         new_total = old_total * old_scale + c_total * c_scale
         new_acc = old_acc * old_scale[..., None] + c_acc * c_scale[..., None]
         has_keys = c_max != float("-inf")
-        self.max[idx] = torch.where(has_keys, new_max, old_max)
-        self.total[idx] = torch.where(has_keys, new_total, old_total)
-        self.acc[idx] = torch.where(has_keys[..., None], new_acc, old_acc)
+        merged = (torch.where(has_keys, new_max, old_max), torch.where(has_keys, new_total, old_total),
+                  torch.where(has_keys[..., None], new_acc, old_acc))
+        if idx is None:
+            self.max, self.total, self.acc = merged
+        else:
+            self.max[idx], self.total[idx], self.acc[idx] = merged
 
 
 def invariant_attention(
@@ -247,7 +231,9 @@ def invariant_attention(
     """Paged attention -> [T, Hq, D] in q's dtype, bitwise independent of the batch and of prefill/decode."""
     shape = check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     out = torch.zeros_like(q)
-    plan = _PLANS.get(block_tables, seq_lens, query_start_loc, k_cache.shape[1], shape.num_kv_heads, shape.group, tiles)
+    plan = _PLANS.get((block_tables, seq_lens, query_start_loc), (shape.block_size, shape.num_kv_heads, shape.group, tiles),
+                      lambda: _plan(block_tables, seq_lens, query_start_loc, shape.block_size, shape.num_kv_heads,
+                                    shape.group, tiles))
     t = plan.tiles
     num_tiles = t.token.shape[0]
     if num_tiles == 0:
@@ -263,7 +249,8 @@ def invariant_attention(
         for b, idx in enumerate(c.groups):
             block = slice(b * tiles.problems, (b + 1) * tiles.problems)
             stats = chunk_kernel(q_c[block], k_c[block], v_c[block], c.allowed[block], scale)
-            state.merge(idx, *(x[: idx.shape[0]] for x in stats))
+            # A block of every tile (as a decode's first chunk often is) merges without indexing.
+            state.merge(None if idx.shape[0] == num_tiles else idx, *(x[: idx.shape[0]] for x in stats))
     acc = state.acc.view(-1, shape.head_dim)[plan.valid_rows]  # [V, D]
     rows = acc / state.total.view(-1)[plan.valid_rows][:, None]
     out[plan.out_token, plan.out_head] = rows.to(q.dtype)

@@ -20,9 +20,9 @@ TileKernel = Callable[[Sequence[torch.Tensor], torch.Tensor], None]
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """A contiguous copy of `x` [r, ...] grown to [rows, ...] with zero rows (r <= rows)."""
-    padded = x.new_zeros((rows, *x.shape[1:]))
-    padded[: x.shape[0]] = x
-    return padded
+    # constant_pad_nd pads the last dims first (dim 0 is the final pair) and keeps x's strides, so a
+    # strided x still needs the copy that makes it contiguous.
+    return torch.constant_pad_nd(x, [0, 0] * (x.dim() - 1) + [0, rows - x.shape[0]], 0).contiguous()
 
 
 def map_row_tiles(
