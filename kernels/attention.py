@@ -23,9 +23,13 @@ Query head h reads kv head h // (Hq // Hkv).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,74 @@ def token_layout(
     return seq, token - qsl[seq], token < qsl[-1]
 
 
+class LayoutCache(Generic[T]):
+    """The last thing made from a pass's layout (block_tables, seq_lens, query_start_loc and some sizes),
+    found again when a call's layout holds the same values: the decoder gives every layer of a pass the
+    same layout, so what depends on it alone is made once per pass. Compared by value, so a tensor changed
+    in place since, or another with the same values, is never mistaken. The values are read as Python
+    lists: torch.equal would run the kernels' own sum while they are enabled."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[tuple[object, ...], T] | None = None
+
+    def get(self, layout: tuple[torch.Tensor, ...], sizes: tuple[object, ...], make: Callable[[], T]) -> T:
+        key = (*sizes, *((x.dtype, x.shape, x.tolist()) for x in layout))
+        entry = self._entry  # one read: another thread may replace it meanwhile
+        if entry is not None and entry[0] == key:
+            return entry[1]
+        made = make()
+        self._entry = (key, made)
+        return made
+
+
+@dataclass(frozen=True)
+class ProductionLayout:
+    """What production_attention does that depends on the layout alone. B sequences, L the most queries of
+    one, C the longest context, S the most KV splits."""
+
+    num_seqs: int
+    longest_query: int  # 0: no queries, nothing to compute
+    slot: torch.Tensor  # [B, C] int64 flat cache slots, 0 outside the context
+    in_context: torch.Tensor  # [B, C] bool
+    seq: torch.Tensor  # [V] int64: each valid token's sequence ...
+    index: torch.Tensor  # [V] int64: ... and its index among the sequence's queries
+    valid: torch.Tensor  # [V] int64: the valid tokens
+    masked_out: torch.Tensor  # [S, B, 1, 1, L, C] bool: key c is not in split s of query l's keys
+
+
+def production_layout(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, num_tokens: int,
+    block_size: int, num_kv_splits: int,
+) -> ProductionLayout:
+    """production_attention's layout: the sizes, the gather's slots and every split's mask."""
+    device = seq_lens.device
+    qsl = query_start_loc.long()
+    context = seq_lens.long()  # [B]
+    q_lens = qsl[1:] - qsl[:-1]  # [B]
+    splits = torch.where(q_lens == 1, torch.clamp(context, max=max(1, num_kv_splits)), 1)  # [B]
+    # One host read per call: the padded sizes (this path is the CPU's; CUDA runs kernels/triton).
+    longest_query, longest_context, num_splits = (
+        int(x) for x in torch.stack([q_lens.max(), context.max(), splits.max()]).tolist())
+    bs = block_size
+    kv_pos = torch.arange(longest_context, device=device)  # [C]
+    in_context = kv_pos[None, :] < context[:, None]  # [B, C]
+    block_col = (kv_pos // bs).clamp(max=block_tables.shape[1] - 1)
+    slot = torch.where(in_context, block_tables.long()[:, block_col] * bs + kv_pos % bs, 0)  # [B, C]
+    seq, index, valid = token_layout(query_start_loc, seq_lens, num_tokens)
+    valid_tokens = torch.nonzero(valid).squeeze(1)
+    query_pos = (context - q_lens)[:, None] + torch.arange(longest_query, device=device)  # [B, L]
+    allowed = (kv_pos[None, None, :] <= query_pos[:, :, None]) & in_context[:, None, :]  # [B, L, C]
+    split_of = ((kv_pos[None, :] + 1) * splits[:, None] - 1) // context.clamp(min=1)[:, None]  # [B, C]
+    # Every split at once: [S, B, Hkv, G, L, C], keys outside split s masked out of row s.
+    in_split = (split_of[None] == torch.arange(num_splits, device=device)[:, None, None])  # [S, B, C]
+    mask = (allowed[None] & in_split[:, :, None, :])[:, :, None, None]  # [S, B, 1, 1, L, C]
+    return ProductionLayout(seq_lens.shape[0], longest_query, slot, in_context, seq[valid_tokens],
+                            index[valid_tokens], valid_tokens, ~mask)
+
+
+_PRODUCTION_LAYOUTS: LayoutCache[ProductionLayout] = LayoutCache()
+
+
 def production_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -150,41 +222,31 @@ def production_attention(
     out = torch.zeros_like(q)
     if shape.num_tokens == 0 or shape.num_seqs == 0:
         return out
-    device = q.device
-    qsl = query_start_loc.long()
-    context = seq_lens.long()  # [B]
-    q_lens = qsl[1:] - qsl[:-1]  # [B]
-    splits = torch.where(q_lens == 1, torch.clamp(context, max=max(1, num_kv_splits)), 1)  # [B]
-    # One host read per call: the padded sizes (this path is the CPU's; CUDA runs kernels/triton).
-    longest_query, longest_context, num_splits = (
-        int(x) for x in torch.stack([q_lens.max(), context.max(), splits.max()]).tolist())
-    if longest_query == 0:
+
+    def make() -> ProductionLayout:
+        return production_layout(block_tables, seq_lens, query_start_loc, shape.num_tokens, shape.block_size,
+                                 num_kv_splits)
+
+    # On the CPU the layout is made once per pass; elsewhere reading it back to compare would cost a sync.
+    layout = (_PRODUCTION_LAYOUTS.get((block_tables, seq_lens, query_start_loc),
+                                      (shape.num_tokens, shape.block_size, num_kv_splits), make)
+              if q.device.type == "cpu" else make())
+    if layout.longest_query == 0:
         return out
-    bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
-    kv_pos = torch.arange(longest_context, device=device)  # [C]
-    in_context = kv_pos[None, :] < context[:, None]  # [B, C]
-    block_col = (kv_pos // bs).clamp(max=block_tables.shape[1] - 1)
-    slot = torch.where(in_context, block_tables.long()[:, block_col] * bs + kv_pos % bs, 0)  # [B, C]
+    hkv, group, dim = shape.num_kv_heads, shape.group, shape.head_dim
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
         # [B, Hkv, C, D] float32, zero outside the context (unused slots may hold anything, NaN too).
-        values = cache.view(-1, hkv, dim)[slot].float()
-        return torch.where(in_context[..., None, None], values, 0.0).permute(0, 2, 1, 3)
+        values = cache.view(-1, hkv, dim)[layout.slot].float()
+        return torch.where(layout.in_context[..., None, None], values, 0.0).permute(0, 2, 1, 3)
 
     k, v = gather(k_cache), gather(v_cache)
-    seq, index, valid = token_layout(query_start_loc, seq_lens, shape.num_tokens)
-    seq, index = seq[valid], index[valid]
-    qp = q.new_zeros((shape.num_seqs, longest_query, shape.num_heads, dim), dtype=torch.float32)
-    qp[seq, index] = q[valid].float()
-    qh = qp.view(shape.num_seqs, longest_query, hkv, group, dim).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, L, D]
+    seq, index = layout.seq, layout.index
+    qp = q.new_zeros((layout.num_seqs, layout.longest_query, shape.num_heads, dim), dtype=torch.float32)
+    qp[seq, index] = q[layout.valid].float()
+    qh = qp.view(layout.num_seqs, layout.longest_query, hkv, group, dim).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, L, D]
     scores = torch.einsum("bhgld,bhcd->bhglc", qh, k) * scale  # [B, Hkv, G, L, C]
-    query_pos = (context - q_lens)[:, None] + torch.arange(longest_query, device=device)  # [B, L]
-    allowed = (kv_pos[None, None, :] <= query_pos[:, :, None]) & in_context[:, None, :]  # [B, L, C]
-    split_of = ((kv_pos[None, :] + 1) * splits[:, None] - 1) // context.clamp(min=1)[:, None]  # [B, C]
-    # Every split at once: [S, B, Hkv, G, L, C], keys outside split s masked out of row s.
-    in_split = (split_of[None] == torch.arange(num_splits, device=device)[:, None, None])  # [S, B, C]
-    mask = (allowed[None] & in_split[:, :, None, :])[:, :, None, None]  # [S, B, 1, 1, L, C]
-    masked = scores[None].masked_fill(~mask, float("-inf"))
+    masked = scores[None].masked_fill(layout.masked_out, float("-inf"))  # [S, B, Hkv, G, L, C]
     m = masked.amax(dim=-1, keepdim=True)
     shift = torch.where(m == float("-inf"), 0.0, m)
     p = torch.exp(masked - shift)
@@ -195,8 +257,8 @@ def production_attention(
     total = torch.logsumexp(lse, dim=0, keepdim=True)
     weights = torch.where(lse == float("-inf"), 0.0, torch.exp(lse - total))
     merged = (weights * partials).sum(dim=0)  # [B, Hkv, G, L, D]
-    rows = merged.permute(0, 3, 1, 2, 4).reshape(shape.num_seqs, longest_query, shape.num_heads, dim)
-    out[valid] = rows[seq, index].to(q.dtype)
+    rows = merged.permute(0, 3, 1, 2, 4).reshape(layout.num_seqs, layout.longest_query, shape.num_heads, dim)
+    out[layout.valid] = rows[seq, index].to(q.dtype)
     return out
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import check_attention_inputs
+from ..attention import LayoutCache, check_attention_inputs
 from ..config import ATTENTION_TILES, AttentionTiles
 
 # --- kernel: one block of `problems` fixed-shape chunk problems --------------------------------
@@ -40,13 +40,14 @@ def chunk_kernel(
     """
     problems, rows, head_dim = q.shape
     split = k.shape[1]
-    scores = torch.ops.aten.bmm.out(q, k.transpose(1, 2), out=q.new_empty(problems, rows, split))
+    # torch.bmm(out=) and torch.sum(out=) are aten::bmm.out and aten::sum.IntList_out, which enable() leaves alone.
+    scores = torch.bmm(q, k.transpose(1, 2), out=q.new_empty(problems, rows, split))
     scores = torch.where(allowed, scores * scale, float("-inf"))
     row_max = scores.amax(dim=-1)  # a max is exact in any order
     shift = torch.where(row_max == float("-inf"), 0.0, row_max)  # no key: exp(-inf) = 0, not NaN
     p = torch.exp(scores - shift[..., None])
-    total = torch.ops.aten.sum.IntList_out(p, [-1], False, out=q.new_empty(problems, rows))
-    acc = torch.ops.aten.bmm.out(p, v, out=q.new_empty(problems, rows, head_dim))
+    total = torch.sum(p, [-1], False, out=q.new_empty(problems, rows))
+    acc = torch.bmm(p, v, out=q.new_empty(problems, rows, head_dim))
     return row_max, total, acc
 
 
@@ -95,6 +96,65 @@ def row_tiles(
     return RowTiles(token, head, position, valid, seq, kv_head, num_chunks)
 
 
+@dataclass(frozen=True)
+class ChunkProblems:
+    """One KV chunk's problems for every tile that needs it, padded to whole blocks of `problems`.
+
+    Problem i of block b is tile `groups[b][i]`; problems past a block's tiles are padding (no
+    query row, no key), so every kernel call has the fixed shape.
+    """
+
+    groups: tuple[torch.Tensor, ...]  # per block: [A] int64 tile indices, A <= problems
+    q_tile: torch.Tensor  # [P] int64, the tile each problem reads its queries from; n (a zero tile) for padding
+    slot: torch.Tensor  # [P, S] int64 flat cache slots, 0 outside the context
+    kv_head: torch.Tensor  # [P] int64
+    in_context: torch.Tensor  # [P, S] bool, False for padding
+    allowed: torch.Tensor  # [P, R, S] bool: keys at or before the row's position; none for padding rows
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What a pass's attention does that depends on the batch's layout alone (query_start_loc, seq_lens,
+    block_tables), not on q or the cache: made once per forward pass, reused by every layer."""
+
+    tiles: RowTiles
+    chunks: tuple[ChunkProblems, ...]  # in position order
+    out_token: torch.Tensor  # [V] int64: the valid rows' token ...
+    out_head: torch.Tensor  # [V] int64: ... and query head
+    valid_rows: torch.Tensor  # [V] int64: the valid rows' index into the flattened [n * R] tile rows
+
+
+def _plan(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int,
+    num_kv_heads: int, group: int, tiles: AttentionTiles,
+) -> AttentionPlan:
+    t = row_tiles(query_start_loc, seq_lens, num_kv_heads, group, tiles)
+    num_tiles = t.token.shape[0]
+    context = seq_lens.long()
+    offsets = torch.arange(tiles.kv_split)
+    chunks = []
+    # Chunks in position order; within a chunk, the tiles that need it, `problems` at a time.
+    for chunk in range(int(t.num_chunks.max()) if num_tiles else 0):
+        kv_pos = chunk * tiles.kv_split + offsets  # [S] absolute positions
+        active = torch.nonzero(t.num_chunks > chunk).squeeze(1)  # [A_c]
+        groups = tuple(active[start : start + tiles.problems] for start in range(0, active.shape[0], tiles.problems))
+        padding = len(groups) * tiles.problems - active.shape[0]
+        idx = torch.cat((active, active.new_full((padding,), num_tiles)))  # [P], num_tiles = padding
+        real = idx < num_tiles
+        seq = torch.where(real, t.seq[idx.clamp(max=num_tiles - 1)], 0)
+        kv_head = torch.where(real, t.kv_head[idx.clamp(max=num_tiles - 1)], 0)
+        in_context = (kv_pos[None, :] < context[seq][:, None]) & real[:, None]  # [P, S]
+        rows = idx.clamp(max=num_tiles - 1)
+        allowed = (kv_pos[None, None, :] <= t.position[rows][:, :, None]) & (t.valid[rows] & real[:, None])[:, :, None]
+        slot = _chunk_slots(block_tables, block_size, seq, kv_pos, in_context)  # [P, S]
+        chunks.append(ChunkProblems(groups, idx, slot, kv_head, in_context, allowed))
+    valid_rows = torch.nonzero(t.valid.reshape(-1)).squeeze(1)
+    return AttentionPlan(t, tuple(chunks), t.token.reshape(-1)[valid_rows], t.head.reshape(-1)[valid_rows], valid_rows)
+
+
+_PLANS: LayoutCache[AttentionPlan] = LayoutCache()
+
+
 def _chunk_slots(
     block_tables: torch.Tensor, block_size: int, seq: torch.Tensor, kv_pos: torch.Tensor, in_context: torch.Tensor
 ) -> torch.Tensor:
@@ -113,7 +173,7 @@ def _gather(cache: torch.Tensor, slot: torch.Tensor, kv_head: torch.Tensor, in_c
     return torch.where(in_context[..., None], values, 0.0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunningSoftmax:
     """The softmax state of every row, updated chunk by chunk in place.
 
@@ -132,23 +192,30 @@ class RunningSoftmax:
             torch.zeros(num_tiles, rows, head_dim),
         )
 
-    def merge(self, idx: torch.Tensor, c_max: torch.Tensor, c_total: torch.Tensor, c_acc: torch.Tensor) -> None:
-        """Fold one chunk's statistics (for tiles `idx`, [A, R] and [A, R, D]) into the state.
+    def merge(self, idx: torch.Tensor | None, c_max: torch.Tensor, c_total: torch.Tensor, c_acc: torch.Tensor) -> None:
+        """Fold one chunk's statistics (for tiles `idx`, [A, R] and [A, R, D]; None: every tile, in order)
+        into the state.
 
         Rows the chunk gives no key (c_max = -inf) keep their state exactly: they are selected
         away, not rescaled by 1 and added to zero, so the extra chunks a prefill tile runs for
         its later rows leave its earlier rows bitwise as a decode would.
         """
-        old_max, old_total, old_acc = self.max[idx], self.total[idx], self.acc[idx]
+        if idx is None:
+            old_max, old_total, old_acc = self.max, self.total, self.acc
+        else:
+            old_max, old_total, old_acc = self.max[idx], self.total[idx], self.acc[idx]
         new_max = torch.maximum(old_max, c_max)
         ref = torch.where(new_max == float("-inf"), 0.0, new_max)
         old_scale, c_scale = torch.exp(old_max - ref), torch.exp(c_max - ref)
         new_total = old_total * old_scale + c_total * c_scale
         new_acc = old_acc * old_scale[..., None] + c_acc * c_scale[..., None]
         has_keys = c_max != float("-inf")
-        self.max[idx] = torch.where(has_keys, new_max, old_max)
-        self.total[idx] = torch.where(has_keys, new_total, old_total)
-        self.acc[idx] = torch.where(has_keys[..., None], new_acc, old_acc)
+        merged = (torch.where(has_keys, new_max, old_max), torch.where(has_keys, new_total, old_total),
+                  torch.where(has_keys[..., None], new_acc, old_acc))
+        if idx is None:
+            self.max, self.total, self.acc = merged
+        else:
+            self.max[idx], self.total[idx], self.acc[idx] = merged
 
 
 def invariant_attention(
@@ -164,46 +231,30 @@ def invariant_attention(
     """Paged attention -> [T, Hq, D] in q's dtype, bitwise independent of the batch and of prefill/decode."""
     shape = check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     out = torch.zeros_like(q)
-    t = row_tiles(query_start_loc, seq_lens, shape.num_kv_heads, shape.group, tiles)
+    plan = _PLANS.get((block_tables, seq_lens, query_start_loc), (shape.block_size, shape.num_kv_heads, shape.group, tiles),
+                      lambda: _plan(block_tables, seq_lens, query_start_loc, shape.block_size, shape.num_kv_heads,
+                                    shape.group, tiles))
+    t = plan.tiles
     num_tiles = t.token.shape[0]
     if num_tiles == 0:
         return out
-    q_rows = torch.where(t.valid[..., None], q[t.token, t.head].float(), 0.0)  # [n, R, D]
-    context = seq_lens.long()
+    # [n + 1, R, D]: the query rows of every tile, then a zero tile that padding problems read.
+    q_rows = torch.where(t.valid[..., None], q[t.token, t.head].float(), 0.0)
+    q_rows = torch.cat((q_rows, q_rows.new_zeros((1, *q_rows.shape[1:]))))
     state = RunningSoftmax.empty(num_tiles, tiles.rows, shape.head_dim)
-    offsets = torch.arange(tiles.kv_split)
-    # Chunks in position order; within a chunk, the tiles that need it, `problems` at a time.
-    for chunk in range(int(t.num_chunks.max())):
-        kv_pos = chunk * tiles.kv_split + offsets  # [S] absolute positions
-        active = torch.nonzero(t.num_chunks > chunk).squeeze(1)
-        for start in range(0, active.shape[0], tiles.problems):
-            idx = active[start : start + tiles.problems]  # [A], A <= problems
-            seq, kv_head = t.seq[idx], t.kv_head[idx]
-            in_context = kv_pos[None, :] < context[seq][:, None]  # [A, S]
-            # Keys at or before the row's position; padding rows allow none.
-            allowed = (kv_pos[None, None, :] <= t.position[idx][:, :, None]) & t.valid[idx][:, :, None]
-            slot = _chunk_slots(block_tables, k_cache.shape[1], seq, kv_pos, in_context)  # [A, S]
-            k = _gather(k_cache, slot, kv_head, in_context)  # [A, S, D]
-            v = _gather(v_cache, slot, kv_head, in_context)
-            # Pad to exactly `problems` problems: the kernel's shape must not depend on A.
-            stats = chunk_kernel(
-                _pad_problems(q_rows[idx], tiles.problems), _pad_problems(k, tiles.problems),
-                _pad_problems(v, tiles.problems), _pad_problems(allowed, tiles.problems), scale,
-            )
-            state.merge(idx, *(x[: idx.shape[0]] for x in stats))
-    valid = t.valid
-    rows = state.acc[valid] / state.total[valid][:, None]  # [num valid rows, D]
-    out[t.token[valid], t.head[valid]] = rows.to(q.dtype)
+    for c in plan.chunks:
+        q_c = q_rows[c.q_tile]  # [P, R, D]
+        k_c = _gather(k_cache, c.slot, c.kv_head, c.in_context)  # [P, S, D]
+        v_c = _gather(v_cache, c.slot, c.kv_head, c.in_context)
+        for b, idx in enumerate(c.groups):
+            block = slice(b * tiles.problems, (b + 1) * tiles.problems)
+            stats = chunk_kernel(q_c[block], k_c[block], v_c[block], c.allowed[block], scale)
+            # A block of every tile (as a decode's first chunk often is) merges without indexing.
+            state.merge(None if idx.shape[0] == num_tiles else idx, *(x[: idx.shape[0]] for x in stats))
+    acc = state.acc.view(-1, shape.head_dim)[plan.valid_rows]  # [V, D]
+    rows = acc / state.total.view(-1)[plan.valid_rows][:, None]
+    out[plan.out_token, plan.out_head] = rows.to(q.dtype)
     return out
-
-
-def _pad_problems(x: torch.Tensor, problems: int) -> torch.Tensor:
-    # [A, ...] -> [problems, ...], zero (or False) beyond A.
-    if x.shape[0] == problems:
-        return x
-    padded = x.new_zeros((problems, *x.shape[1:]))
-    padded[: x.shape[0]] = x
-    return padded
 
 
 # --- adapter: the exact custom-op signature -------------------------------------------------------

@@ -50,12 +50,11 @@ def _check_operands(name: str, a: torch.Tensor, b: torch.Tensor, ndim: int) -> N
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [M, K] @ b [K, N] -> [M, N]; row i depends only on a[i] and b, bitwise."""
     _check_operands("mm", a, b, 2)
-    out = a.new_empty((a.shape[0], b.shape[1]))
     if a.dtype not in TILED_DTYPES:
         # Integer gemm is exact: there is no summation order to fix.
-        return torch.ops.aten.mm.out(a, b, out=out)
+        return torch.ops.aten.mm.out(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
     tile = cpu_tiles(a.dtype).mm_rows
-    return map_row_tiles(lambda t, o: mm_kernel(t[0], b, o), [a.contiguous()], out, tile)
+    return map_row_tiles(lambda t, o: mm_kernel(t[0], b, o), [a.contiguous()], (b.shape[1],), a.dtype, tile)
 
 
 def addmm(

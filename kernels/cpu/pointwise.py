@@ -35,35 +35,40 @@ def sigmoid_kernel(x: torch.Tensor) -> torch.Tensor:
 
 def rsqrt_kernel(x: torch.Tensor) -> torch.Tensor:
     """1 / sqrt(x), elementwise; torch's float32/float64 rsqrt is a correctly rounded sqrt and divide."""
-    return torch.ops.aten.rsqrt.out(x, out=torch.empty_like(x))
+    return torch.rsqrt(x, out=torch.empty_like(x))  # aten::rsqrt.out, which enable() leaves alone
 
 
 # --- launchers ----------------------------------------------------------------------------------
 
 
 def _in_compute_dtype(x: torch.Tensor) -> torch.Tensor:
-    return x.to(_COMPUTE_DTYPE.get(x.dtype, torch.float32))
+    dtype = _COMPUTE_DTYPE.get(x.dtype, torch.float32)
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _as(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return y if y.dtype == dtype else y.to(dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(x); halves computed in float32 and rounded once."""
     if x.dtype not in TILED_DTYPES:
         return torch.ops.aten.silu.out(x, out=torch.empty_like(x))
-    return silu_kernel(_in_compute_dtype(x)).to(x.dtype)
+    return _as(silu_kernel(_in_compute_dtype(x)), x.dtype)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + exp(-x)); halves computed in float32 and rounded once."""
     if x.dtype not in TILED_DTYPES:
         return torch.ops.aten.sigmoid.out(x, out=torch.empty_like(x, dtype=torch.get_default_dtype()))
-    return sigmoid_kernel(_in_compute_dtype(x)).to(x.dtype)
+    return _as(sigmoid_kernel(_in_compute_dtype(x)), x.dtype)
 
 
 def rsqrt(x: torch.Tensor) -> torch.Tensor:
     """1 / sqrt(x); halves computed in float32 and rounded once."""
     if x.dtype not in TILED_DTYPES:
         return torch.ops.aten.rsqrt.out(x, out=torch.empty_like(x, dtype=torch.get_default_dtype()))
-    return rsqrt_kernel(_in_compute_dtype(x)).to(x.dtype)
+    return _as(rsqrt_kernel(_in_compute_dtype(x)), x.dtype)
 
 
 # --- adapters: the exact aten signatures --------------------------------------------------------

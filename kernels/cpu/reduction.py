@@ -24,6 +24,14 @@ from .tiling import map_row_tiles
 SoftmaxOut = Callable[..., torch.Tensor]
 # (tile [T, C], dims, keepdim, *, dtype, out [T]) -> out: `aten::sum.IntList_out` / `aten::mean.out`
 ReduceOut = Callable[..., torch.Tensor]
+# The kernels call those overloads through torch's Python bindings (`torch.sum(..., out=)` is
+# `aten::sum.IntList_out`): the same kernel, a few microseconds less per call than the OpOverload.
+_BINDINGS: dict[object, Callable[..., torch.Tensor]] = {
+    torch.ops.aten._softmax.out: torch._softmax,
+    torch.ops.aten._log_softmax.out: torch._log_softmax,
+    torch.ops.aten.sum.IntList_out: torch.sum,
+    torch.ops.aten.mean.out: torch.mean,
+}
 
 # --- kernels: one call of torch's reduction on a fixed shape ------------------------------------
 
@@ -48,12 +56,14 @@ def _softmax_like(op: SoftmaxOut, x: torch.Tensor, dim: int, half_to_float: bool
     dim = dim % x.dim()
     if x.dim() >= 2 and dim == 0:
         return op(x, dim, half_to_float, out=x.new_empty(x.shape, dtype=out_dtype))
-    moved = x.movedim(dim, -1)
+    last = dim == x.dim() - 1
+    moved = x if last else x.movedim(dim, -1)
     rows = moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]).contiguous()  # [R, C]
-    out = rows.new_empty(rows.shape, dtype=out_dtype)
     tile = cpu_tiles(x.dtype).reduce_rows
-    map_row_tiles(lambda t, o: softmax_kernel(op, t[0], half_to_float, o), [rows], out, tile)
-    return out.view(moved.shape).movedim(-1, dim).contiguous()
+    kernel_op = _BINDINGS[op]
+    out = map_row_tiles(lambda t, o: softmax_kernel(kernel_op, t[0], half_to_float, o), [rows], rows.shape[1:],
+                        out_dtype, tile)
+    return out.view(moved.shape) if last else out.view(moved.shape).movedim(-1, dim).contiguous()
 
 
 def softmax(x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
@@ -84,10 +94,12 @@ def _reduce(
     kept = [d for d in range(x.dim()) if d not in dims]
     kept_shape = [x.shape[d] for d in kept]
     reduced_len = math.prod(x.shape[d] for d in dims)
-    rows = x.permute(*kept, *dims).reshape(math.prod(kept_shape), reduced_len).contiguous()  # [R, C]
-    out = x.new_empty(rows.shape[0], dtype=_result_dtype(x, dtype))
-    tile = cpu_tiles(x.dtype if x.dtype in TILED_DTYPES else out.dtype).reduce_rows
-    map_row_tiles(lambda t, o: reduce_kernel(op, t[0], dtype, o), [rows], out, tile)
+    moved = x if kept == list(range(len(kept))) else x.permute(*kept, *dims)
+    rows = moved.reshape(math.prod(kept_shape), reduced_len).contiguous()  # [R, C]
+    out_dtype = _result_dtype(x, dtype)
+    tile = cpu_tiles(x.dtype if x.dtype in TILED_DTYPES else out_dtype).reduce_rows
+    kernel_op = _BINDINGS[op]
+    out = map_row_tiles(lambda t, o: reduce_kernel(kernel_op, t[0], dtype, o), [rows], (), out_dtype, tile)
     result = out.view(kept_shape)
     if keepdim:
         for d in dims:

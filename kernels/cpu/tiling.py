@@ -20,27 +20,27 @@ TileKernel = Callable[[Sequence[torch.Tensor], torch.Tensor], None]
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """A contiguous copy of `x` [r, ...] grown to [rows, ...] with zero rows (r <= rows)."""
-    padded = x.new_zeros((rows, *x.shape[1:]))
-    padded[: x.shape[0]] = x
-    return padded
+    # constant_pad_nd pads the last dims first (dim 0 is the final pair) and keeps x's strides, so a
+    # strided x still needs the copy that makes it contiguous.
+    return torch.constant_pad_nd(x, [0, 0] * (x.dim() - 1) + [0, rows - x.shape[0]], 0).contiguous()
 
 
-def map_row_tiles(kernel: TileKernel, inputs: Sequence[torch.Tensor], out: torch.Tensor, tile: int) -> torch.Tensor:
-    """Fill `out` [R, ...] by calling `kernel` on row tiles of exactly `tile` rows.
+def map_row_tiles(
+    kernel: TileKernel, inputs: Sequence[torch.Tensor], row_shape: Sequence[int], dtype: torch.dtype, tile: int
+) -> torch.Tensor:
+    """[R, *row_shape] of `dtype`, filled by calling `kernel` on row tiles of exactly `tile` rows.
 
-    inputs: tensors [R, ...] whose row r contributes only to row r of `out`. Full tiles are
-    passed as views; the last partial tile is zero-padded on the way in and trimmed on the
-    way out, so the kernel never sees a shape that depends on R. Returns `out`.
+    inputs: contiguous tensors [R, ...] whose row r contributes only to row r of the result. When R
+    is not a multiple of `tile` they are zero-padded to the next one (a contiguous copy), so every
+    tile, the last included, is a contiguous view of `tile` rows and the kernel never sees a shape
+    that depends on R. The result is the first R rows of the padded output.
     """
-    num_rows = out.shape[0]
-    full = num_rows // tile
-    for i in range(full):
-        rows = slice(i * tile, (i + 1) * tile)
+    num_rows = inputs[0].shape[0]
+    padded_rows = -(-num_rows // tile) * tile
+    if padded_rows != num_rows:
+        inputs = [pad_rows(x, padded_rows) for x in inputs]
+    out = inputs[0].new_empty((padded_rows, *row_shape), dtype=dtype)
+    for start in range(0, padded_rows, tile):
+        rows = slice(start, start + tile)
         kernel([x[rows] for x in inputs], out[rows])
-    tail = num_rows - full * tile
-    if tail:
-        rows = slice(full * tile, num_rows)
-        scratch = out.new_empty((tile, *out.shape[1:]))
-        kernel([pad_rows(x[rows], tile) for x in inputs], scratch)
-        out[rows] = scratch[:tail]
-    return out
+    return out if padded_rows == num_rows else out[:num_rows]
