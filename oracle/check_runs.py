@@ -53,6 +53,8 @@ def _run_prefill_decode(ex: ModeExecution) -> None:
     assert ex.engine is not None
     prefill: dict[tuple[int, int], Completion] = {}
     ex.checks["prefill_decode"] = prefill  # filled as it runs: an engine that dies keeps what completed
+    if ex.plan.model.layout.prefill_decode_differs() is not None:
+        return  # not applicable: the check says why (oracle.models.layers)
     for t in range(len(ex.plan.targets)):
         ref = ex.solo[t]
         for i in _prefill_steps(len(ref.token_ids), ex.plan.config.checks.prefill_decode.steps):

@@ -474,6 +474,8 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
     """Step i's output in decode == the output of prefilling the prompt plus tokens[:i], bitwise."""
     inv = runs.inv
     assert inv is not None
+    if why := runs.environment.get("prefill_decode_not_applicable"):
+        return Judged(CheckResult.skipped("prefill_decode", requirement, message=f"not applicable: {why}"))
     prefill: Mapping[tuple[int, int], Completion] = inv.checks.get("prefill_decode", {})
     recs: list[DivergenceRecord] = []
     for (t, step), again in prefill.items():

@@ -97,3 +97,4 @@ def test_a_probe_side_whose_evidence_shows_it_did_not_form_never_counts_as_cross
     assert not crossed(spec24, sharing, _ev(32, decode_seqs=5))
     assert "at most 5 of the 8 sequences" in (unformed_side(sharing, _ev(32, decode_seqs=5)) or "")
     assert crossed(spec24, sharing, _ev(32, decode_seqs=8))
+
