@@ -158,7 +158,7 @@ class SearchConfig(Strict):
 
 
 ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block",
-                    "shared_pass"]
+                    "shared_pass", "shared_prefix", "short_budget"]
 
 
 class ScheduleConfig(Strict):
@@ -179,7 +179,8 @@ class ScheduleConfig(Strict):
         "auto",
         description="hazard probes added to the schedule (oracle.posture.probes). auto (default): the probes of "
                     "every known hazard the posture matches or may match; a list (fa3_packed_query, fa3_kv_128, "
-                    "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block, shared_pass): those besides; all: every "
+                    "fa3_kv_256, fa3_kv_512, chunk_budget, prefix_block, shared_pass, shared_prefix, short_budget): "
+                    "those besides; all: every "
                     "probe that applies to the engine besides; none: no probe at all (a matched hazard then goes "
                     "untested, and invariance cannot pass)")
 

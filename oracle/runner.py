@@ -225,6 +225,8 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     if plan.config.checks.golden.requirement != "off" and inv is not None:
         golden = read_golden(golden_path(plan.config))  # type: ignore[arg-type]
     match_posture_hazards(plan, report)
+    if (differs := plan.model.layout.prefill_decode_differs()) is not None:
+        report.environment["prefill_decode_not_applicable"] = differs  # the model's layers: read by its check
     runs = Runs(plan.config, plan.targets, trials, inv, prod, report.environment, golden, plan.unformed_probes,
                 plan.engine_kind)
     report.checks, report.divergences = judge(runs)

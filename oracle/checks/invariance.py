@@ -89,7 +89,7 @@ def _untested_why(runs: Runs, hazard: HazardRecord) -> str:
     if runs.config.schedule.probes == "none":
         return f"schedule.probes is none, and no drawn trial crossed it ({hazard.threshold})"
     limits = [f"{side}: {limit}" for side, limit in runs.unformed_probes
-              if side.partition(":")[0] in labels]
+              if side.partition(":")[0] in labels] + [f"{side}: {why}" for side, why in _evidence_unformed(runs, labels)]
     if limits:
         return "its probes could not be formed: " + "; ".join(limits)
     return f"no trial of its probes ({', '.join(labels)}) ran over the threshold ({hazard.threshold})"
@@ -107,6 +107,13 @@ def _hazards(runs: Runs) -> list[HazardRecord]:
     return [HazardRecord.model_validate(h) for h in runs.environment.get("hazards") or ()]
 
 
+def _evidence_unformed(runs: Runs, labels: Sequence[str]) -> list[tuple[str, str]]:
+    """Probe sides that ran but did not form, as their pass evidence shows (oracle.posture.probes)."""
+    from oracle.posture.probes import unformed_by_evidence
+
+    return unformed_by_evidence(runs.trials, runs.inv.trials, labels, runs.judged_ids) if runs.inv else []
+
+
 def _hazard_record(runs: Runs, h: HazardRecord) -> HazardProbesRecord:
     labels = h.probes
     crossed_by = _hazard_crossings(runs, h)
@@ -115,7 +122,8 @@ def _hazard_record(runs: Runs, h: HazardRecord) -> HazardProbesRecord:
         id=h.id, match=h.match, threshold=h.threshold,
         probes=labels, sides=planned, crossed_by=crossed_by,
         not_formed=[ProbeNotFormed(probe=side, limit=limit) for side, limit in runs.unformed_probes
-                    if side.partition(":")[0] in labels],
+                    if side.partition(":")[0] in labels]
+        + [ProbeNotFormed(probe=side, limit=why) for side, why in _evidence_unformed(runs, labels)],
         untested="" if crossed_by or runs.inv is None else _untested_why(runs, h))
 
 

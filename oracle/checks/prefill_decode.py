@@ -43,6 +43,8 @@ def _run(context: CheckContext) -> None:
     plan, solo = context.plan, context.solo
     prefill: dict[tuple[int, int], Completion] = {}
     context.keep(prefill)  # filled as it runs: an engine that dies keeps what completed
+    if plan.model.layout.prefill_decode_differs() is not None:
+        return  # not applicable: the check says why (oracle.models.layers)
     for t in range(len(plan.targets)):
         ref = solo[t]
         for i in _prefill_steps(len(ref.token_ids), plan.config.checks.prefill_decode.steps):
@@ -66,6 +68,8 @@ def prefill_decode(runs: Runs, requirement: str) -> Judged:
     """Step i's output in decode == the output of prefilling the prompt plus tokens[:i], bitwise."""
     inv = runs.inv
     assert inv is not None
+    if why := runs.environment.get("prefill_decode_not_applicable"):
+        return Judged(CheckResult.skipped("prefill_decode", requirement, message=f"not applicable: {why}"))
     prefill: Mapping[tuple[int, int], Completion] = inv.checks.get("prefill_decode", {})
     recs: list[DivergenceRecord] = []
     for (t, step), again in prefill.items():

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.errors import ConfigError, ModelError
+from oracle.models.layers import AttentionLayout, attention_layout
 from oracle.models.size import ModelDims, read_dims
 
 CONFIG_FILE = "config.json"
@@ -85,14 +86,19 @@ class ModelFacts:
 
     def hazard_facts(self) -> dict[str, Any]:
         """What a hazard's condition may ask of the model: head_dim, heads, KV heads, their ratio (GQA), the
-        architecture; {} when config.json cannot be read."""
+        architecture, sliding_window (0: none), linear_attention; {} when config.json cannot be read."""
         if self.read_error is not None or self.dims is None:
             return {}
         facts: dict[str, Any] = {"head_dim": self.head_dim, "num_attention_heads": self.num_attention_heads,
                                  "num_key_value_heads": self.num_key_value_heads, "architecture": self.architecture}
         if self.gqa_ratio is not None:
             facts["gqa_ratio"] = self.gqa_ratio
-        return facts
+        return {**facts, **self.layout.hazard_facts()}
+
+    @property
+    def layout(self) -> AttentionLayout:
+        """Its attention layers as config.json gives them: a sliding window, linear-attention layers."""
+        return attention_layout(self.raw)
 
 
 def read_model_facts(model_dir: Path) -> ModelFacts:

@@ -95,8 +95,9 @@ class HazardMatch:
 
 # Probes a hazard may name: the parameterless strata of oracle.posture.probes, and those that take a threshold.
 NAMED_PROBES = ("fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block",
-                "shared_pass")
-THRESHOLD_PROBES = ("pass_tokens", "pass_bytes")
+                "shared_pass", "shared_prefix", "short_budget")
+# `shared_prefix` is both: named, at vLLM's cascade threshold (256 tokens); `{shared_prefix: N}` at N.
+THRESHOLD_PROBES = ("pass_tokens", "pass_bytes", "shared_prefix")
 
 
 def _is_condition_key(key: Any, fields: tuple[str, ...]) -> bool:
@@ -113,7 +114,7 @@ def _is_condition(cond: Any) -> bool:
 
 
 def _is_threshold_probe(p: Any) -> bool:
-    """`{pass_tokens: N}` or `{pass_bytes: N}` with an integer N >= 1."""
+    """`{pass_tokens: N}`, `{pass_bytes: N}` or `{shared_prefix: N}` with an integer N >= 1."""
     if not isinstance(p, dict) or len(p) != 1:
         return False
     name, at = next(iter(p.items()))
@@ -141,7 +142,7 @@ class HazardEntry(_Strict):
     references: list[str] = Field(min_length=1)
     status: HazardStatus = "open"
     probes: list[Any] = Field(default_factory=list, description="probes that cross the threshold: a probe's name, "
-                              "or {pass_tokens: N} / {pass_bytes: N}")
+                              "or {pass_tokens: N} / {pass_bytes: N} / {shared_prefix: N}")
 
     @field_validator("when")
     @classmethod
@@ -162,10 +163,10 @@ class HazardEntry(_Strict):
         for i, p in enumerate(probes):
             if isinstance(p, str) and p not in NAMED_PROBES:
                 raise ValueError(f"{i}: {p!r} is not a probe ({', '.join(NAMED_PROBES)}, or {{pass_tokens: N}}, "
-                                 "{pass_bytes: N})")
+                                 "{pass_bytes: N}, {shared_prefix: N})")
             if not isinstance(p, str) and not _is_threshold_probe(p):
-                raise ValueError(f"{i}: a threshold probe is {{pass_tokens: N}} or {{pass_bytes: N}}, N >= 1 "
-                                 f"(got {p!r})")
+                raise ValueError(f"{i}: a threshold probe is {{pass_tokens: N}}, {{pass_bytes: N}} or "
+                                 f"{{shared_prefix: N}}, N >= 1 (got {p!r})")
         return probes
 
     def hazard(self, source: str) -> Hazard:

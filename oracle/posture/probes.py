@@ -14,9 +14,19 @@ crosses it on purpose, with one trial per side, read from the engine's config an
   of the target's prompt tokens; only with prefix caching on.
 
 - `shared_pass`: the target beside one filler arriving with it, decoding together (hazards of "any batch");
+- `shared_prefix` (`{shared_prefix: N}`; named: N = 256, vLLM's cascade-attention threshold): 8 requests whose
+  prompts share the target's first N - 1 (below) or N (at) tokens, batched together after one of them has
+  prefilled (and, with a prefix cache, cached) the prefix (cascade / shared-prefix attention, vLLM PR #32561);
+- `short_budget`: the config's longest target beside one short filler, under a per-trial token budget below
+  the target's prompt length (above: its prefill is chunked) and one that holds both prompts (below: one
+  prefill pass); chunked prefill on (vLLM PR #55612).
 - `pass_tokens=N` (a hazard's threshold probe): prompts arriving together that fill one forward pass with
   N tokens (below) and N + 1 (above); `pass_bytes=B`: the same with N the tokens whose hidden state
   (hidden_size x the dtype's bytes) holds B bytes.
+
+A probe side whose trial ran but whose pass evidence shows it did not form (`unformed_by_evidence`: the
+target's prefill was not chunked under the short budget, the sequences sharing the prefix never shared a
+pass) never counts as crossed, and the report names it with what the evidence showed.
 
 Probes ignore the config's random ranges (a filler may be longer, a batch larger, a target longer than
 any the config draws): they go as far as the engine's limits allow (its token budget, max_num_seqs,
@@ -31,7 +41,7 @@ drawn schedule (ids after it), `probe` naming the stratum and side (`fa3_kv_256:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +61,10 @@ FA3_LIMIT = 64  # packed query length x GQA ratio above which FA3 (head_dim 64) 
 FA3_KV = 128  # the KV length above which that change shows
 # Fillers of a budget probe are at most this long, so no one of them is longer than a prompt needs to be.
 _FILLER_CAP = 512
+# vLLM's cascade attention (use_cascade_attention) needs a common prefix of 256 tokens and 8 requests.
+CASCADE_PREFIX = 256
+CASCADE_SEQS = 8
+_PREFIX_TAIL = 8  # the target's own tokens after the shared prefix; each filler's are half of them
 _SEED_SALT = 0x9E3779B1  # probe draws use their own stream, so adding probes never moves the drawn schedule
 
 
@@ -64,9 +78,9 @@ class Probes:
 def applicable(config: Config) -> tuple[str, ...]:
     """The probes that apply to the config's engine: budget edges need chunked prefill, block edges a prefix cache."""
     e = config.engine
-    skip = set()
+    skip: set[str] = set()
     if not e.enable_chunked_prefill:
-        skip.add("chunk_budget")
+        skip.update(("chunk_budget", "short_budget"))
     if not e.enable_prefix_caching:
         skip.add("prefix_block")
     if config.sampling.max_tokens < 3:
@@ -96,6 +110,8 @@ def inapplicable(config: Config, spec: ProbeSpec) -> str | None:
     e = config.engine
     if spec.name == "chunk_budget" and not e.enable_chunked_prefill:
         return "engine.enable_chunked_prefill is off: no pass is cut at the budget"
+    if spec.name == "short_budget" and not e.enable_chunked_prefill:
+        return "engine.enable_chunked_prefill is off: no prompt is split across passes"
     if spec.name == "prefix_block" and not e.enable_prefix_caching:
         return "engine.enable_prefix_caching is off: no block is cached"
     return f"sampling.max_tokens {config.sampling.max_tokens} < 3: no decode pass is left to share with a prefill"
@@ -246,6 +262,64 @@ class _Builder:
                  [self.filler(length, 0, max_tokens=self.config.sampling.max_tokens)], 0)
         return None
 
+    def shared_prefix(self, label: str, n: int) -> None:
+        """CASCADE_SEQS requests sharing the target's first n - 1 (below) or n (at) prompt tokens, in one batch.
+
+        One filler (the leader) arrives first and prefills the prefix alone; the target and the other fillers
+        arrive once it is done (its blocks cached where the engine caches), so every pass after holds them all."""
+        seqs = self.config.engine.max_num_seqs
+        if seqs < CASCADE_SEQS:
+            for side in ("below", "at"):
+                self.cannot(label, side, f"engine.max_num_seqs {seqs} < {CASCADE_SEQS} requests sharing the prefix")
+            return
+        t_len = n + _PREFIX_TAIL
+        if not self.fits(t_len):
+            for side in ("below", "at"):
+                self.cannot(label, side, self.too_long(t_len))
+            return
+        budget = self.config.engine.max_num_batched_tokens
+        if not self.config.engine.enable_chunked_prefill and t_len > budget:
+            for side in ("below", "at"):
+                self.cannot(label, side, f"engine.max_num_batched_tokens {budget} < {t_len} prompt tokens, "
+                            "chunked prefill off")
+            return
+        # The leader decodes until the others have prefilled (whole passes of the budget) and decoded.
+        leader_tokens = -(-(CASCADE_SEQS - 1) * t_len // budget) + 1 + self.config.sampling.max_tokens
+        if not self.fits(t_len + leader_tokens - self.config.sampling.max_tokens):
+            for side in ("below", "at"):
+                self.cannot(label, side, self.too_long(t_len + leader_tokens - self.config.sampling.max_tokens))
+            return
+        target = self.target(f"probe-shared-prefix-{n}", t_len)
+        tail = _PREFIX_TAIL // 2
+        for side, shared in (("below", n - 1), ("at", n)):
+            arrival = self.prefill_steps(shared + tail)  # the leader's prefill, alone
+            leader = self.filler(shared + tail, 0, max_tokens=leader_tokens, shared_prefix=shared)
+            rest = [self.filler(shared + tail, arrival, max_tokens=self.config.sampling.max_tokens,
+                                shared_prefix=shared) for _ in range(CASCADE_SEQS - 2)]
+            self.add(label, side, target, [leader, *rest], arrival=arrival)
+
+    def short_budget(self) -> None:
+        """The longest target and one short filler arriving together, under a budget below the target's prompt
+        (above: its prefill is chunked) and under one that holds both prompts (below: one prefill pass)."""
+        if not self.base:
+            return self.cannot("short_budget", "above", "no target of the config's prompts")
+        target = max(range(self.base), key=lambda i: (len(self.targets[i].token_ids), -i))
+        t_len = len(self.targets[target].token_ids)
+        engine_budget = self.config.engine.max_num_batched_tokens
+        filler_len = max(1, min(t_len // 4, 16))
+        whole = t_len + filler_len
+        filler = self.filler(filler_len, 0, max_tokens=self.config.sampling.max_tokens)
+        if whole > engine_budget:
+            self.cannot("short_budget", "below", f"engine.max_num_batched_tokens {engine_budget} < {whole} (the "
+                        "target's prompt and the filler's in one pass)")
+        else:
+            self.add("short_budget", "below", target, [filler], 0, whole)
+        if t_len < 2:
+            return self.cannot("short_budget", "above", f"the longest target's prompt holds {t_len} token: no "
+                               "budget below it")
+        self.add("short_budget", "above", target, [filler], 0, min(engine_budget, (t_len + 1) // 2))
+        return None
+
     def prefix_block(self) -> None:
         block = self.config.engine.block_size
         need = block + 2
@@ -287,6 +361,8 @@ _FORMS: dict[str, Callable[[_Builder, ProbeSpec, ModelFacts], None]] = {
     "chunk_budget": lambda b, spec, model: b.chunk_budget(),
     "prefix_block": lambda b, spec, model: b.prefix_block(),
     "shared_pass": lambda b, spec, model: b.shared_pass(),
+    "shared_prefix": lambda b, spec, model: b.shared_prefix(spec.label, spec.at or CASCADE_PREFIX),
+    "short_budget": lambda b, spec, model: b.short_budget(),
     "pass_tokens": _pass_tokens,
     "pass_bytes": _pass_bytes,
 }
@@ -328,12 +404,67 @@ def _token_bytes(model: ModelFacts, dtype: str) -> int | None:
     return hidden * _DTYPE_BYTES.get(dtype, 2) if hidden is not None else None
 
 
+def _prefill_passes(evidence: Sequence[Any]) -> list[Any]:
+    return [e for e in evidence if getattr(e, "is_prefill", False)]
+
+
+def _short_budget_unformed(trial: Trial, side: str, evidence: Sequence[Any]) -> str | None:
+    prefill = _prefill_passes(evidence)
+    chunked = len(prefill) > 1 or any(getattr(e, "chunked", False) for e in prefill)
+    if side == "above" and not chunked:
+        return (f"trial {trial.trial_id}: the target's prefill took {len(prefill)} pass under a budget of "
+                f"{trial.max_num_batched_tokens}: not chunked")
+    if side == "below" and chunked:
+        return (f"trial {trial.trial_id}: the target's prefill took {len(prefill)} passes under a budget of "
+                f"{trial.max_num_batched_tokens}: chunked")
+    return None
+
+
+def _shared_prefix_unformed(trial: Trial, side: str, evidence: Sequence[Any]) -> str | None:
+    most = max((getattr(e, "num_seqs", 0) for e in evidence), default=0)
+    if most < trial.batch_size:
+        return (f"trial {trial.trial_id}: at most {most} of the {trial.batch_size} sequences sharing the prefix "
+                "were in one pass with the target")
+    return None
+
+
+# What the pass evidence of a probe's trial must show for its side to have formed, by probe name: why it did
+# not (None: it formed). A probe without a row counts by its plan.
+_FORMED: dict[str, Callable[[Trial, str, Sequence[Any]], str | None]] = {
+    "short_budget": _short_budget_unformed,
+    "shared_prefix": _shared_prefix_unformed,
+}
+
+
+def unformed_side(trial: Trial, evidence: Sequence[Any]) -> str | None:
+    """Why a probe trial that ran did not form its side, as its target's per-pass evidence shows; None when it
+    formed (or when its probe has no evidence rule, or the trial is no probe's)."""
+    name, _, side = trial.probe.partition(":")
+    rule = _FORMED.get(name.partition("=")[0])
+    return rule(trial, side, evidence) if rule is not None and side else None
+
+
+def unformed_by_evidence(trials: Mapping[int, Trial], results: Mapping[int, Any], labels: Sequence[str],
+                         ids: Sequence[int]) -> list[tuple[str, str]]:
+    """(`probe:side`, what the evidence showed) for each trial of `ids` of one of the probes `labels` that ran
+    without forming its side."""
+    out = []
+    for tid in ids:
+        trial = trials[tid]
+        if tid in results and trial.probe.partition(":")[0] in labels:
+            why = unformed_side(trial, results[tid].evidence)
+            if why is not None:
+                out.append((trial.probe, why))
+    return out
+
+
 def crossed(spec: ProbeSpec, trial: Trial, evidence: Sequence[Any]) -> bool:
-    """Whether a trial that ran crossed `spec`'s threshold: a probe trial of it on a side over the threshold,
-    or (pass_tokens, shared_pass) any trial whose per-pass evidence shows a pass over it."""
+    """Whether a trial that ran crossed `spec`'s threshold: a probe trial of it on a side over the threshold
+    whose evidence shows that side formed, or (pass_tokens, shared_pass) any trial whose per-pass evidence
+    shows a pass over it."""
     name, _, side = trial.probe.partition(":")
     if name == spec.label and side in CROSSING_SIDES:
-        return True
+        return unformed_side(trial, evidence) is None
     if spec.name == "shared_pass":
         return any(getattr(e, "num_seqs", 0) >= 2 for e in evidence)
     if spec.name == "pass_tokens" and spec.at is not None:

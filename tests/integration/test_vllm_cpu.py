@@ -180,3 +180,31 @@ def test_shipped_vllm_cpu_config_has_a_passing_negative_control(small_qwen3: Pat
                      f"({cpu_label()}): the negative control has nothing to catch here")
     assert checks["negative_control"].verdict == "pass", checks["negative_control"].message
 
+
+
+def test_shared_prefix_and_short_budget_probes_form_on_vllm(small_qwen3: Path, tmp_path: Path) -> None:
+    """A hazards file of the test declares both probes for vLLM (a shared prefix of 24 tokens, to stay small):
+    each side's trial runs on vLLM's scheduler, its pass evidence shows the side formed (the prompt chunked
+    under the short budget, whole under the long one; the 8 sharers in one pass), the crossing sides cross,
+    and oracle_kernels hold across them."""
+    import yaml
+
+    hazard = {"id": "vllm-cpu-prefix-and-budget", "title": "shared prefix and short budget probes (test)",
+              "engine": "vllm", "when": {"device": "cpu"}, "threshold": "a shared prefix of 24 tokens; a chunked prompt",
+              "references": ["tests/integration/test_vllm_cpu.py"], "probes": [{"shared_prefix": 24}, "short_budget"]}
+    (tmp_path / "hazards.yaml").write_text(yaml.safe_dump([hazard]))
+    cfg = _config(small_qwen3, tmp_path / "report")
+    cfg["hazards"] = str(tmp_path / "hazards.yaml")
+    cfg["engine"]["enable_prefix_caching"] = True
+    cfg["schedule"].update(trials=1, repeat_trials=0, batch_size=[2, 2])
+    cfg["checks"].update(repeatability="off", drift="off", negative_control="off")
+    report = run(parse_config(cfg), report_dir=tmp_path / "report")
+    assert report.error is None
+    invariance = next(c for c in report.checks if c.name == "invariance")
+    assert invariance.verdict == "pass", invariance.message
+    probe = {t.trial_id: t.probe for t in report.schedule if t.probe}
+    assert sorted(probe.values()) == ["shared_prefix=24:at", "shared_prefix=24:below", "short_budget:above",
+                                      "short_budget:below"]
+    (record,) = report.hazard_probes
+    assert record.not_formed == [] and record.untested == ""
+    assert sorted(probe[t] for t in record.crossed_by) == ["shared_prefix=24:at", "short_budget:above"]

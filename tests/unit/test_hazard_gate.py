@@ -180,9 +180,9 @@ def test_a_shipped_vllm_gpu_config_crosses_fa3_without_a_probes_line(fake_model:
     data["model"] = str(fake_model)
     data["prompts"] = {"random": {"count": 3, "min_len": 2, "max_len": 5}}
     plan = plan_run(parse_config(data), seed=1)
-    assert [m.hazard.id for m in plan.hazards] == ["vllm-fa3-head-dim-64"]
+    assert [m.hazard.id for m in plan.hazards] == ["vllm-fa3-head-dim-64", "vllm-chunked-prefill-untested"]
     names = {t.probe.partition(":")[0] for t in plan.trials if t.probe}
-    assert {"fa3_kv_128", "fa3_kv_256"} <= names
+    assert {"fa3_kv_128", "fa3_kv_256", "short_budget"} <= names
 
 
 def test_pass_bytes_and_shared_pass_probes_are_built_from_the_model_and_engine(fake_model: Path) -> None:

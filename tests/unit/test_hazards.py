@@ -19,7 +19,8 @@ from oracle.runner import declared_hazards, run
 
 FA3 = {"engine": "vllm", "engine_version": "0.26.0", "device": "cuda:0", "attention_backend": "FLASH_ATTN (FA3)",
        "invariance_mechanism": "VLLM_BATCH_INVARIANT=1", "sequence_parallel": False, "async_scheduling": False,
-       "tensor_parallel": 1, "all_reduce": "none", "sampler": "pytorch"}
+       "tensor_parallel": 1, "all_reduce": "none", "sampler": "pytorch", "chunked_prefill": False,
+       "prefix_caching": False}
 
 
 def _ids(found: list[Any]) -> dict[str, str]:
@@ -39,16 +40,16 @@ def test_shipped_hazards_name_engine_versions_conditions_references_and_status()
 
 
 def test_fa3_head_dim_64_matches_only_its_posture_and_model() -> None:
-    assert _ids(match_hazards(FA3, {"head_dim": 64}, {"temperature": 0.0})) == {"vllm-fa3-head-dim-64": "matches"}
-    assert match_hazards(FA3, {"head_dim": 128}, {"temperature": 0.0}) == []
-    assert match_hazards({**FA3, "attention_backend": "FLASH_ATTN (FA2)"}, {"head_dim": 64}, {}) == []
-    assert match_hazards({**FA3, "engine_version": "0.9.2"}, {"head_dim": 64}, {}) == []
+    assert _ids(match_hazards(FA3, {"head_dim": 64, "linear_attention": False}, {"temperature": 0.0})) == {"vllm-fa3-head-dim-64": "matches"}
+    assert match_hazards(FA3, {"head_dim": 128, "linear_attention": False}, {"temperature": 0.0}) == []
+    assert match_hazards({**FA3, "attention_backend": "FLASH_ATTN (FA2)"}, {"head_dim": 64, "linear_attention": False}, {}) == []
+    assert match_hazards({**FA3, "engine_version": "0.9.2"}, {"head_dim": 64, "linear_attention": False}, {}) == []
     # Invariance not claimed (production's posture): nothing is known not to hold.
-    assert match_hazards({**FA3, "invariance_mechanism": "none (vLLM's default kernels)"}, {"head_dim": 64}, {}) == []
+    assert match_hazards({**FA3, "invariance_mechanism": "none (vLLM's default kernels)"}, {"head_dim": 64, "linear_attention": False}, {}) == []
 
 
 def test_unknown_settings_make_a_hazard_possible_never_a_match() -> None:
-    found = match_hazards({**FA3, "attention_backend": UNKNOWN}, {"head_dim": 64}, {})
+    found = match_hazards({**FA3, "attention_backend": UNKNOWN}, {"head_dim": 64, "linear_attention": False}, {})
     assert _ids(found) == {"vllm-fa3-head-dim-64": "possible"}
     assert found[0].unknown == ("attention_backend",)
 
@@ -61,12 +62,12 @@ def test_unknown_settings_make_a_hazard_possible_never_a_match() -> None:
 ])
 def test_each_hazard_matches_its_condition(change: dict[str, Any], sampling: dict[str, Any], hazard: str) -> None:
     posture = {**FA3, "attention_backend": "FLASH_ATTN (FA2)", **change}
-    assert _ids(match_hazards(posture, {"head_dim": 128}, {"temperature": 0.0, **sampling})) == {hazard: "matches"}
+    assert _ids(match_hazards(posture, {"head_dim": 128, "linear_attention": False}, {"temperature": 0.0, **sampling})) == {hazard: "matches"}
 
 
 def test_flashinfer_sampler_is_no_hazard_for_greedy_decoding() -> None:
     posture = {**FA3, "attention_backend": "FLASH_ATTN (FA2)", "sampler": "flashinfer (top-k/top-p)"}
-    assert match_hazards(posture, {"head_dim": 128}, {"temperature": 0.0}) == []
+    assert match_hazards(posture, {"head_dim": 128, "linear_attention": False}, {"temperature": 0.0}) == []
 
 
 def test_version_ranges() -> None:
@@ -104,7 +105,8 @@ def test_report_carries_posture_hazard_and_divergences_cite_it(fake_model: Path,
     posture = report.posture
     assert posture is not None and posture.modes["invariant"].attention_backend == "FLASH_ATTN (FA3)"
     assert len(posture.digest) == 16 and set(posture.digests) == {"invariant", "production"}
-    assert [h.id for h in report.hazards] == ["vllm-fa3-head-dim-64"]
+    # vLLM's own flag with chunked prefill on: the chunked-prefill hazard (vLLM PR #55612) matches too.
+    assert [h.id for h in report.hazards] == ["vllm-fa3-head-dim-64", "vllm-chunked-prefill-untested"]
     inv = [d for d in report.divergences if d.check == "invariance"]
     assert inv and all(any("51902" in c for c in d.evidence["known_hazards"]) for d in inv)
     summary = render_markdown(report)
@@ -142,7 +144,8 @@ def test_a_vllm_fa3_config_is_warned_before_it_starts(fake_model: Path, tmp_path
     cfg = _fa3_config(fake_model, tmp_path)
     cfg["engine"] = {"kind": "vllm", "options": {"invariance": "vllm"}}
     lines = declared_hazards(plan_run(parse_config(cfg)))
-    assert len(lines) == 1 and lines[0].startswith("invariance claimed, may not hold: vllm-fa3-head-dim-64")
+    assert len(lines) == 2 and lines[0].startswith("invariance claimed, may not hold: vllm-fa3-head-dim-64")
+    assert lines[1].startswith("invariance claimed, known not to hold: vllm-chunked-prefill-untested")
     assert "51902" in lines[0] and "attention_backend" in lines[0]
     cfg["engine"]["options"]["engine_args"] = {"attention_backend": "FLASH_ATTN", "compilation_config": {
         "pass_config": {"enable_sp": True}}}

@@ -130,7 +130,7 @@ def test_model_facts_read_every_spelling_and_a_multimodal_text_config(tmp_path: 
     facts = read_model_facts(_model_dir(tmp_path, {"architectures": ["X"], "text_config": {
         "n_head": 32, "n_kv_heads": 8, "hidden_size": 4096}})).hazard_facts()
     assert facts == {"head_dim": 128, "num_attention_heads": 32, "num_key_value_heads": 8, "architecture": "X",
-                     "gqa_ratio": 4}
+                     "gqa_ratio": 4, "sliding_window": 0, "linear_attention": False}
 
 
 def test_without_a_known_gqa_ratio_the_packed_query_probe_is_left_out(tmp_path: Path, fake_model: Path) -> None:
