@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from oracle import cli_bench
 from oracle.errors import ConfigError, OracleError
 from oracle.lifecycle import signals
 from oracle.lifecycle.exit_trap import ExitCalled
@@ -196,26 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     pm.add_argument("report", type=Path)
     pm.add_argument("--golden", type=Path, required=True)
 
-    b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
-    b.add_argument("what", nargs="?", default=None,
-                   help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), or a config file "
-                        "to time in both modes (omit with --workload)")
-    b.add_argument("--workload", default=None, help="a named native-engine workload instead of a config: 'seed'")
-    b.add_argument("--warmup", type=int, default=1, help="untimed rounds per mode (default 1)")
-    b.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
-    b.add_argument("--device", default=None, help="--workload: cuda or cpu (default: cuda when available)")
-    b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
-    b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
-    b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
-    b.add_argument("--profile", action="store_true", help="--workload: where the native engine's time goes "
-                   "(host phases, forward by kind, decode graph coverage, host syncs, kernels by op class) instead "
-                   "of timed rounds")
-    b.add_argument("--no-vllm", action="store_true", help="--workload: leave out vLLM's rows (default, "
-                   "VLLM_BATCH_INVARIANT=1, oracle_kernels), which run where vLLM is installed and a GPU is")
-    b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
-    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
-    b.add_argument("--trials", type=_int_at_least(1), default=None, help="memory: trials to run (default 1000)")
+    cli_bench.add_parser(sub, _int_at_least(1))
 
     m = sub.add_parser("model", help="make checkpoints")
     msub = m.add_subparsers(dest="model_command", required=True)
@@ -406,47 +388,6 @@ def _pin_map(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_workload(args: argparse.Namespace) -> int:
-    """The native engine's rows, then vLLM's beside them where vLLM is installed and a GPU ran them."""
-    import tempfile
-
-    from oracle import bench_vllm
-    from oracle.bench import bench_workload
-
-    if args.profile:
-        from oracle.bench_profile import profile_workload
-
-        return profile_workload(args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
-                                num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None)
-    with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
-        json_path = args.json or Path(tmp) / "bench.json"
-        rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
-                            preset=args.preset, num_seqs=args.sequences,
-                            cuda_graphs=False if args.no_cuda_graphs else None)
-        if rc != 0 or args.no_vllm:
-            return rc
-        return bench_vllm.extend(json_path, args.warmup, args.rounds)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from oracle.bench import bench_config, bench_kernels
-
-    if args.workload is not None:
-        if args.what is not None:
-            raise ConfigError("bench: give a config or --workload, not both")
-        return _bench_workload(args)
-    if args.what is None:
-        raise ConfigError("bench: give 'kernels', a config file, or --workload NAME")
-    if args.what == "kernels":
-        return bench_kernels(args.dtype, args.json, quick=args.quick)
-    if args.what == "memory":
-        from oracle.bench import bench_memory
-
-        return bench_memory(args.json, trials=args.trials if args.trials is not None else 1000,
-                            device=args.device or "cpu")
-    return bench_config(args.what, args.json, warmup=args.warmup, rounds=args.rounds)
-
-
 def _model(args: argparse.Namespace) -> int:
     from oracle.models import PRESETS, make_model
 
@@ -483,7 +424,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": _run, "merge": _merge, "replay": _replay, "localize": _localize, "record": _record, "pin-map": _pin_map, "bench": _bench, "model": _model,
+    "run": _run, "merge": _merge, "replay": _replay, "localize": _localize, "record": _record, "pin-map": _pin_map, "bench": cli_bench.command, "model": _model,
     "config": _config,
 }
 
