@@ -13,9 +13,10 @@ from typing import Any
 from oracle import op_coverage
 from oracle.checks.base import INV, INVARIANT_SECTION, Check, Judged, Runs, record
 from oracle.checks.solo import against_solo, cause
+from oracle.checks.strength import short_of, strength
 from oracle.compare import first_divergence
 from oracle.mode_result import ModeResult
-from oracle.report import CheckResult, DivergenceRecord, HazardProbesRecord, ProbeNotFormed
+from oracle.report import CheckResult, DivergenceRecord, HazardProbesRecord, ProbeNotFormed, Strength
 from oracle.report_sections import HazardRecord
 
 
@@ -26,13 +27,15 @@ def invariance(runs: Runs, requirement: str) -> Judged:
     shrunk = _shrink_evidence(runs, result, ev)
     if result.localize_notes:
         ev["localize_notes"] = list(result.localize_notes)
-    return _verdict(runs, requirement, ev, recs + shrunk, shrunk, n)
+    judged = [c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"]
+    return _verdict(runs, requirement, ev, recs + shrunk, shrunk, n, strength(runs.config, judged))
 
 
 def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
-                  shrunk: list[DivergenceRecord], n: int) -> Judged:
-    """Failed on any divergence (or a shrunk one); vacuous when nothing ran, nothing batched, or a matched
-    hazard went untested (invariance); else passed."""
+             shrunk: list[DivergenceRecord], n: int, power: Strength) -> Judged:
+    """Failed on any divergence (or a shrunk one); vacuous when nothing ran, nothing batched, a matched
+    hazard went untested, or the batched trials fall short of schedule.confidence; else passed, with what it
+    rules out."""
     if n == 0:
         return Judged(CheckResult.vacuous("invariance", requirement, evidence=ev,
                                   message="no trial completed"), tuple(recs))
@@ -57,9 +60,13 @@ def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[Diverg
         return Judged(CheckResult.vacuous("invariance", requirement, trials=n, evidence=ev,
                                   message=f"{n} trials bitwise equal to the solo reference, but a known hazard of "
                                           f"this posture went untested (no trial crossed its threshold): {why}"))
-    return Judged(CheckResult.passed("invariance", requirement, trials=n, evidence=ev,
-                              message=f"{n} trials bitwise equal to the solo reference, "
-                                      f"{ev['trials_batched']} batched"))
+    short = short_of(power)
+    if short is not None:
+        return Judged(CheckResult.vacuous("invariance", requirement, trials=n, evidence=ev,
+                                          message=f"{n} trials bitwise equal to the solo reference, but {short}"
+                                          ).model_copy(update={"strength": power}))
+    return Judged(CheckResult.passed("invariance", requirement, trials=n, evidence=ev, strength=power,
+                                     message=f"{n} trials bitwise equal to the solo reference"))
 
 
 def _hazard_crossings(runs: Runs, hazard: HazardRecord) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from oracle.checks.base import BOTH, INVARIANT_SECTION, Check, Judged, Runs, record
+from oracle.checks.strength import strength
 from oracle.compare import first_divergence
 from oracle.report import CheckResult, DivergenceRecord
 
@@ -28,8 +29,10 @@ def repeatability(runs: Runs, requirement: str) -> Judged:
                                   divergent=len(recs), evidence=ev,
                                   message=f"{len(recs)} of {n} repeated trials differed: run-to-run "
                                           "nondeterminism"), tuple(recs))
+    repeated = [r.trials[tid] for r in (runs.inv, runs.prod) if r is not None for tid in r.repeats]
     return Judged(CheckResult.passed("repeatability", requirement, trials=n, evidence=ev,
-                              message=f"{n} repeated trials bitwise equal"))
+                                     strength=strength(runs.config, repeated),
+                                     message=f"{n} repeated trials bitwise equal"))
 
 
 ROW = Check("repeatability", repeatability, (), BOTH, section=INVARIANT_SECTION)

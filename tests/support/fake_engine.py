@@ -30,7 +30,8 @@ class FakeEngine:
                  fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False,
                  sleep_s: float = 0.0, diverge_from_tokens: int | None = None,
                  nondeterministic_from_call: int | None = None, fault_after_calls: int | None = None,
-                 fault: str = "", close_raises: bool = False, announce: bool = False) -> None:
+                 fault: str = "", close_raises: bool = False, announce: bool = False,
+                 alone_from_call: int | None = None) -> None:
         self.mode = mode
         self.diverge_from_batch = diverge_from_batch
         self.diverge_mode = diverge_mode
@@ -38,6 +39,7 @@ class FakeEngine:
         self.diverge_not_first = diverge_not_first
         self.fail_after_calls = fail_after_calls
         self.always_alone = always_alone
+        self.alone_from_call = alone_from_call  # from this call on, every request runs alone (no batch forms)
         self.flip_token = flip_token
         self.sleep_s = sleep_s
         # Diverge when the call's prompts hold this many tokens together (a fault keyed on the pass size).
@@ -73,7 +75,8 @@ class FakeEngine:
             time.sleep(self.sleep_s)
         if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
             raise RuntimeError("planted engine failure")
-        batch = 1 if self.always_alone else len(requests)
+        alone = self.always_alone or (self.alone_from_call is not None and self.calls >= self.alone_from_call)
+        batch = 1 if alone else len(requests)
         tokens = sum(len(r.prompt_token_ids) for r in requests)
         noise = (self.nondeterministic_from_call is not None and self.mode == self.diverge_mode
                  and self.calls >= self.nondeterministic_from_call)
