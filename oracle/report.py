@@ -32,8 +32,9 @@ Requirement = Literal["required", "warn", "report"]
 # The verdicts that are a problem: they block a `required` check and warn at `warn` (oracle.render.verdict
 # holds every rule the views derive from them).
 PROBLEM_VERDICTS: tuple[Verdict, ...] = ("fail", "vacuous", "error")
-# What made a divergence: the batch (what shared the target's passes), or run-to-run nondeterminism
-# (the target differed although it ran alone, or a trial differed from itself).
+# What made a divergence: the batch (what shared the target's passes), run-to-run nondeterminism (the
+# target differed although it ran alone, its solo run or a trial differed from itself run again), or the
+# sampler (another token sampled from bitwise equal logits), among others.
 Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden", "sampling", "instance"]
 
 EXIT_OK = 0

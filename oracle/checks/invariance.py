@@ -12,7 +12,7 @@ from typing import Any
 
 from oracle import op_coverage
 from oracle.checks.base import INV, INVARIANT_SECTION, Check, Judged, Runs, record
-from oracle.checks.solo import against_solo, cause
+from oracle.checks.solo import against_solo, cause, run_to_run
 from oracle.checks.strength import short_of, strength
 from oracle.compare import first_divergence
 from oracle.mode_result import ModeResult
@@ -24,11 +24,32 @@ def invariance(runs: Runs, requirement: str) -> Judged:
     """Every scheduled trial's target vs its solo run in invariant mode, bitwise; the shrunk trial's record with
     them; vacuous while a matched hazard went untested or the mode leaves an op uncovered (oracle.op_coverage)."""
     result, ev, recs, n = against_solo(runs, "invariance", "invariant")
+    if result.reruns or result.solo_again:
+        ev["recheck"] = _recheck_evidence(result, runs)
     shrunk = _shrink_evidence(runs, result, ev)
     if result.localize_notes:
         ev["localize_notes"] = list(result.localize_notes)
     judged = [c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"]
     return _verdict(runs, requirement, ev, recs + shrunk, shrunk, n, strength(runs.config, judged))
+
+
+def _recheck_evidence(result: ModeResult, runs: Runs) -> dict[str, list[int]]:
+    """What the failing trials rechecked before the batch was blamed gave (oracle.execute.RECHECKED): the trials
+    run again, the targets run alone again, those whose solo run moved, and the trials that reproduced bit for
+    bit with a steady solo run (the batch's)."""
+    moved = sorted(t for t, again in result.solo_again.items() if first_divergence(result.solo[t], again))
+    failing = _failing_ids(result, runs)  # a failing trial already repeated is rechecked by its repeat
+    repeated = [tid for tid in result.repeats if tid in failing and runs.trials[tid].target in result.solo_again]
+    rechecked = sorted({*result.reruns, *repeated})
+    reproduced = [tid for tid in rechecked
+                  if not run_to_run(result, tid, runs.trials[tid].target, result.trials[tid])]
+    return {"trials": rechecked, "targets": sorted(result.solo_again), "solo_moved": moved,
+            "reproduced": reproduced}
+
+
+def _failing_ids(result: ModeResult, runs: Runs) -> set[int]:
+    return {tid for tid, c in result.trials.items() if runs.trials[tid].target in result.solo
+            and first_divergence(result.solo[runs.trials[tid].target], c) is not None}
 
 
 def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
@@ -136,18 +157,32 @@ def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
                      ev: dict[str, Any]) -> str:
     nondet = sum(r.cause == "nondeterminism" for r in failing)
-    parts = [f"{len(failing)} of {n} trials diverged from the solo reference"]
-    if nondet:
-        parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or the trial "
-                     "disagreed with itself), not the batch")
+    sampler = sum(r.cause == "sampling" for r in failing)
+    head = f"{len(failing)} of {n} trials diverged from the solo reference"
+    if failing and nondet == len(failing):
+        parts = [f"{head}: run-to-run nondeterminism, not batch variance (the target's solo run or the same "
+                 "trial gave other bits run again, or the target ran alone)"]
+    else:
+        parts = [head]
+        if nondet:
+            parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or its solo run or "
+                         "the trial gave other bits run again), not the batch")
+    if sampler:
+        parts.append(f"{sampler} of them the sampler's (another token sampled from bitwise equal logits), "
+                     "not the model's")
     s = ev.get("shrink")
     if s is not None:
         size = "minimal" if s["minimal"] else f"smallest found in {s['runs']} shrink runs"
-        if shrunk:
+        if shrunk and shrunk[0].cause == "nondeterminism":
+            parts.append(f"shrinking reached trial {shrunk[0].trial_id}, which differs run to run: no minimal "
+                         "batch was found")
+        elif shrunk:
             parts.append(f"shrunk to trial {shrunk[0].trial_id} of batch {len(shrunk[0].trial.fillers) + 1} "  # type: ignore[union-attr]
                          f"({size})")
         else:
             parts.append(f"trial {s['start_trial']} did not shrink ({size})")
+    elif ev.get("recheck", {}).get("reproduced") == []:
+        parts.append("not shrunk: no failing trial rechecked gave the same bits twice with a steady solo run")
     op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
     if op is not None:
         parts.append(f"first diverging op: {op.summary()}")
@@ -169,7 +204,7 @@ def _shrink_evidence(runs: Runs, result: ModeResult, ev: dict[str, Any]) -> list
     d = first_divergence(result.solo[t.target], out)
     if d is None:
         return []
-    return [record(runs, "invariance", "invariant", t, t.target, out, d, cause(result, t.trial_id, out),
+    return [record(runs, "invariance", "invariant", t, t.target, out, d, cause(result, t.trial_id, out, t.target),
                    result.localized.get(t.trial_id), shrunk=True, minimal=s.minimal)]
 
 

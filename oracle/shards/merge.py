@@ -245,6 +245,7 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     finally:
         done = execution.result()
         inv = replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
+                      reruns=done.reruns, solo_again=done.solo_again,
                       localized={**done.localized, **inv.localized},
                       localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
         report.timings.update({f"merge_{k}_s": round(v, 3) for k, v in done.timings.items()})

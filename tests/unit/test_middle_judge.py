@@ -203,7 +203,7 @@ CASES = [
     Case("alone and different: nondeterminism", "invariance",
          _inv({0: {"step": 0, "ulps": 2}}, lambda i: 1 if i == 0 else 2), "fail", 3, 1,
          ((0, "t0", 0, "logprob", 2, "nondeterminism"),), {"nondeterministic": 1},
-         "1 of them run-to-run nondeterminism"),
+         "1 of 3 trials diverged from the solo reference: run-to-run nondeterminism, not batch variance"),
     Case("alone, met the fillers through the cache", "invariance",
          _inv({0: {"step": 0, "ulps": 2, "cached": 3}}, lambda i: 1 if i == 0 else 2), "fail", 3, 1,
          ((0, "t0", 0, "logprob", 2, "prefix_cache"),), {"trials_with_cache_hits": 1}),
