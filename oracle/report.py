@@ -97,7 +97,8 @@ class Strength(_Model):
         """`15 batched; 12 compositions; rules out a break in >= 18% of batched trials (95%)`."""
         if self.rate_bound is None:
             return "no batched trial: rules out nothing"
-        return (f"{self.batched_trials} batched; {self.compositions} compositions; rules out a break in "
+        kinds = "composition" if self.compositions == 1 else "compositions"
+        return (f"{self.batched_trials} batched; {self.compositions} {kinds}; rules out a break in "
                 f">= {_percent(self.rate_bound)} of batched trials ({_percent(self.level)})")
 
 
