@@ -193,9 +193,9 @@ def _config_of(report: Report, path: Path) -> Config:
 
 
 def _wants_engine(config: Config, inv: ModeResult, schedule: Sequence[Trial]) -> bool:
-    """A trial failed invariance, and the config shrinks or localizes it."""
-    cfg, invariance = config.schedule, config.checks.invariance
-    if invariance.requirement == "off" or not ((cfg.shrink and cfg.max_shrink_runs > 0) or invariance.localize != "off"):
+    """A trial failed invariance: it is rechecked (oracle.execute.RECHECKED), and shrunk or localized where the
+    config asks."""
+    if config.checks.invariance.requirement == "off":
         return False
     return any(first_divergence(inv.solo[t.target], inv.trials[t.trial_id]) is not None for t in schedule)
 
