@@ -1,8 +1,10 @@
 """invariance: in invariant mode, every target under every trial == its solo reference, bitwise.
 
-A failing trial is shrunk (its smallest form is a record of its own) and localized; a known hazard the
-invariant posture matches that no trial crossed keeps the check from passing (`untested_hazards`), and
-`hazard_probes` is the report's account of each matched hazard's probes."""
+A failing trial is rechecked before the batch is blamed (run again as is, its target alone again:
+`evidence.recheck`; either moving is run-to-run), then shrunk (its smallest form is a record of its own) and
+localized; a known hazard the invariant posture matches that no trial crossed keeps the check from passing
+(`untested_hazards`), and `hazard_probes` is the report's account of each matched hazard's probes. A pass
+states its strength (oracle.checks.strength), and is vacuous short of `schedule.confidence`."""
 
 from __future__ import annotations
 
@@ -44,11 +46,13 @@ def _recheck_evidence(result: ModeResult, runs: Runs) -> dict[str, list[int]]:
     reproduced = [tid for tid in rechecked
                   if not run_to_run(result, tid, runs.trials[tid].target, result.trials[tid])]
     return {"trials": rechecked, "targets": sorted(result.solo_again), "solo_moved": moved,
-            "reproduced": reproduced}
+            "reproduced": reproduced, "not_rechecked": sorted(failing - set(rechecked))}
 
 
 def _failing_ids(result: ModeResult, runs: Runs) -> set[int]:
-    return {tid for tid, c in result.trials.items() if runs.trials[tid].target in result.solo
+    """The judged trials (not the shrinker's) whose target differs from its solo run."""
+    return {tid for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"
+            and runs.trials[tid].target in result.solo
             and first_divergence(result.solo[runs.trials[tid].target], c) is not None}
 
 
@@ -167,6 +171,11 @@ def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRec
         if nondet:
             parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or its solo run or "
                          "the trial gave other bits run again), not the batch")
+    recheck = ev.get("recheck", {})
+    unconfirmed = [r for r in failing if r.cause == "batch" and r.trial_id in recheck.get("not_rechecked", ())]
+    if nondet and unconfirmed:
+        parts.append(f"{len(unconfirmed)} blamed on the batch were not run again (past the first rechecked): "
+                     "unconfirmed while run-to-run nondeterminism was seen")
     if sampler:
         parts.append(f"{sampler} of them the sampler's (another token sampled from bitwise equal logits), "
                      "not the model's")
@@ -181,7 +190,7 @@ def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRec
                          f"({size})")
         else:
             parts.append(f"trial {s['start_trial']} did not shrink ({size})")
-    elif ev.get("recheck", {}).get("reproduced") == []:
+    elif recheck.get("reproduced") == []:
         parts.append("not shrunk: no failing trial rechecked gave the same bits twice with a steady solo run")
     op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
     if op is not None:

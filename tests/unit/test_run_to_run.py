@@ -97,3 +97,20 @@ def test_a_clean_run_rechecks_nothing(fake_model: Path, tmp_path: Path) -> None:
     assert "recheck" not in report.check("invariance").evidence  # type: ignore[union-attr]
     assert "rechecked" not in report.check("repeatability").evidence  # type: ignore[union-attr]
     assert not any(k.endswith("recheck_s") for k in report.timings)
+
+
+def test_a_batch_fault_beside_a_run_to_run_one(fake_model: Path, tmp_path: Path) -> None:
+    # Both planted: every batch of 2 or more diverges (reproducibly), and every 7th call misfires.
+    report = _run(fake_model, tmp_path, misfire_every=7, diverge_from_batch=2)
+    inv = report.check("invariance")
+    assert inv is not None and inv.verdict == "fail"
+    recheck = inv.evidence["recheck"]
+    causes = {d.trial_id: d.cause for d in _invariance(report) if not d.shrunk}
+    assert {causes[t] for t in recheck["reproduced"]} == {"batch"}
+    assert {"batch", "nondeterminism"} <= set(causes.values())
+    assert "of them run-to-run nondeterminism" in inv.message
+    assert "blamed on the batch were not run again (past the first rechecked): unconfirmed" in inv.message
+    # the shrinker started from a trial that reproduced, and found the batch fault's threshold
+    shrunk = next(d for d in _invariance(report) if d.shrunk)
+    assert inv.evidence["shrink"]["start_trial"] in recheck["reproduced"]
+    assert shrunk.cause == "batch" and len(shrunk.trial.fillers) + 1 == 2  # type: ignore[union-attr]
