@@ -190,16 +190,18 @@ class _Draw:
 
 
 def sized(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> ScheduleConfig:
-    """`cfg` with enough trials that `schedule.confidence`'s batched trials are drawn: the fewest (at least
-    `cfg.trials`) whose stratified batch sizes hold that many of 2 or more. Unchanged without a confidence, or
+    """`cfg` with enough trials that `schedule.confidence`'s batched trials are drawn: at least `cfg.trials`,
+    grown until the stratified batch sizes hold that many of 2 or more. Unchanged without a confidence, or
     where the batch sizes cannot reach it (then invariance says vacuous)."""
     if cfg.confidence is None or cfg.batch_size[1] < 2:
         return cfg
     wanted = cfg.confidence.batched_trials
     n = max(cfg.trials, wanted)
-    while n < MAX_TRIALS and sum(s >= 2 for s in _Draw(cfg.model_copy(update={"trials": n}), target_lens,
-                                                       seed).sizes) < wanted:
-        n += 1
+    while n < MAX_TRIALS:
+        got = sum(s >= 2 for s in _Draw(cfg.model_copy(update={"trials": n}), target_lens, seed).sizes)
+        if got >= wanted:
+            break
+        n = min(MAX_TRIALS, n + wanted - got)  # at most about one batched trial per slot added
     return cfg if n == cfg.trials else cfg.model_copy(update={"trials": n})
 
 
