@@ -50,6 +50,12 @@ class Divergence:
     reference_margin: float | None  # reference top-1 minus top-2 logit at this step
     first_token_step: int | None  # first step whose sampled token differs, if any
     extra: dict[str, Any] = field(default_factory=dict)
+    logits_equal: bool | None = None  # the step's logits rows (or digests) bitwise equal; None: not compared
+
+    @property
+    def sampler(self) -> bool:
+        """Another token sampled from bitwise equal logits: the sampler's (RNG, top-k/top-p), not the model's."""
+        return self.kind == "token" and self.logits_equal is True
 
 
 def row_digest(row: Any) -> str:
@@ -133,7 +139,7 @@ def _step_divergence(expected: Completion, actual: Completion, i: int,
         # A ULP distance means something only between two logprobs of the same token.
         ulp=ulp_distance(el, al) if et == at and math.isfinite(el) and math.isfinite(al) else None,
         max_abs_logits_diff=max_abs, reference_margin=_margin(expected, i),
-        first_token_step=first_token,
+        first_token_step=first_token, logits_equal=logits_same,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -157,6 +158,24 @@ class SearchConfig(Strict):
     trials: int = Field(0, ge=0, le=MAX_TRIALS, description="search trials run after the schedule (0: no search)")
 
 
+class ConfidenceConfig(Strict):
+    """What a pass must rule out: a break that shows in `rate` of batched trials, at `level`
+    (oracle.checks.strength). The schedule draws enough trials for ceil(ln(1-level)/ln(1-rate)) batched ones
+    (59 for 5% at 95%); a run that forms fewer leaves invariance vacuous."""
+
+    rate: float = Field(0.05, gt=0, lt=1, description="the rate of a break in batched trials the pass rules out")
+    level: float = Field(0.95, gt=0, lt=1, description="the confidence it is ruled out at")
+
+    @property
+    def batched_trials(self) -> int:
+        """The batched trials whose 0 divergences rule out `rate` at `level`: (1-rate)^N <= 1-level."""
+        return math.ceil(math.log(1.0 - self.level) / math.log(1.0 - self.rate))
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
 ProbeName = Literal["fa3_packed_query", "fa3_kv_128", "fa3_kv_256", "fa3_kv_512", "chunk_budget", "prefix_block",
                     "shared_pass", "shared_prefix", "short_budget"]
 
@@ -170,6 +189,10 @@ class ScheduleConfig(Strict):
     arrival_step: tuple[int, int] = Field((0, 0), description="[min, max] engine step at which a request arrives")
     max_num_batched_tokens: tuple[int, int] | None = Field(
         None, description="[min, max] token budget per trial (chunked prefill); engine's value when absent")
+    confidence: ConfidenceConfig | None = Field(
+        None, exclude_if=_absent, description="{rate: 0.05, level: 0.95}: draw enough trials that a pass rules out "
+        "a break in `rate` of batched trials at `level` (59 batched trials for 5% at 95%); invariance is vacuous "
+        "when the run forms fewer. Absent: the trials asked, and every pass states its bound at 95%")
     repeat_trials: int = Field(10, ge=0, le=MAX_TRIALS, description="trials run twice per mode for repeatability")
     shrink: bool = Field(True, description="shrink the first failing invariance trial to the smallest one that still fails")
     max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")

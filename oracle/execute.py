@@ -6,8 +6,10 @@ cache, so a trial's outcome never hangs on the trials before it; warm caches are
 inside trials (fillers that share the target's prefix and arrive first) and by the
 prefix_cache check.
 
-In invariant mode a failing schedule trial is shrunk (oracle.shrink); every candidate the
-shrinker runs is a trial of this run (origin `shrink`) and lands in the report with the rest.
+In invariant mode the first failing trials are run again as is, and their targets alone again, before
+the batch is blamed (`RECHECKED`): either moving is run-to-run nondeterminism, and such a trial is never
+shrunk. The first failing trial that reproduced is shrunk (oracle.shrink); every candidate the shrinker
+runs is a trial of this run (origin `shrink`) and lands in the report with the rest.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
 from oracle.timings import PhaseClock
+
+# Failing invariant trials run again (and their targets alone again) before the batch is blamed for them.
+RECHECKED = 8
 
 
 def generate(engine: Engine, requests: Sequence[Request], max_num_batched_tokens: int | None = None,
@@ -152,6 +157,8 @@ class ModeExecution:
         self.solo: dict[int, Completion] = {}
         self.trials: dict[int, Completion] = {}
         self.repeats: dict[int, Completion] = {}
+        self.reruns: dict[int, Completion] = {}
+        self.solo_again: dict[int, Completion] = {}
         self.shrink: ShrinkResult | None = None
         self.shrink_trials: list[Trial] = []
         self.localized: dict[Any, Any] = {}
@@ -169,6 +176,7 @@ class ModeExecution:
             self.shrink, tuple(self.shrink_trials), ro(dict(self.localized)), tuple(self.localize_notes),
             self.seconds, search=self.search, search_trials=tuple(self.search_trials),
             timings=ro(dict(self.clock.seconds)), checks=ro(dict(self.checks)),
+            reruns=ro(dict(self.reruns)), solo_again=ro(dict(self.solo_again)),
         )
 
     def run_trial(self, trial: Trial, repeated: bool = False) -> Divergence | None:
@@ -331,10 +339,42 @@ class ModeExecution:
             self.observer.done()
 
     def shrink_and_localize(self) -> None:
-        """Shrink the first failing trial and localize it (and the smallest), timed as `shrink` and `localize`.
-        `oracle merge` calls this on an engine of its own with every shard's results filled in."""
+        """Run the first failing trials again (`recheck`), shrink the first that reproduced and localize the
+        first failing trial (and the smallest), timed as `recheck`, `shrink` and `localize`. `oracle merge`
+        calls this on an engine of its own with every shard's results filled in."""
+        failing = self._failing()
+        if failing:
+            with self.clock.phase("recheck"):
+                self._recheck(failing[:RECHECKED])
         with self.clock.phase("shrink"):
             self._shrink_and_localize()
+
+    def _recheck(self, failing: Sequence[Trial]) -> None:
+        """Each failing trial again as is (one already repeated: not again), and its target alone again."""
+        assert self.engine is not None
+        self.observer.phase("recheck", len(failing))
+        try:
+            for trial in failing:
+                if trial.target not in self.solo_again:
+                    again = fresh(self.engine, [solo_request(self.plan, trial.target)])[0]
+                    d = first_divergence(self.solo[trial.target], again)
+                    self.solo_again[trial.target] = keep_rows(again, (_step(d),))
+                if trial.trial_id not in self.repeats:
+                    requests, at = trial_requests(self.plan, trial)
+                    again = fresh(self.engine, requests, trial.max_num_batched_tokens)[at]
+                    d = first_divergence(self.trials[trial.trial_id], again)
+                    self.reruns[trial.trial_id] = keep_rows(again, (_step(d),))
+                self.observer.advance(0)
+        finally:
+            self.observer.done()
+
+    def _reproduced(self, trial: Trial) -> bool:
+        """Rechecked, and neither the trial nor its target alone gave other bits run again (run-to-run)."""
+        again = self.repeats.get(trial.trial_id) or self.reruns.get(trial.trial_id)
+        solo = self.solo_again.get(trial.target)
+        return (again is not None and solo is not None
+                and first_divergence(self.trials[trial.trial_id], again) is None
+                and first_divergence(self.solo[trial.target], solo) is None)
 
     def _shrink_and_localize(self) -> None:
         failing = self._failing()
@@ -342,7 +382,9 @@ class ModeExecution:
             return
         first = failing[0]
         cfg = self.plan.config.schedule
-        if cfg.shrink and cfg.max_shrink_runs > 0:
+        # A run-to-run failure is not the batch's: shrinking it would find a batch of 1 by chance.
+        start = next((t for t in failing[:RECHECKED] if self._reproduced(t)), None)
+        if start is not None and cfg.shrink and cfg.max_shrink_runs > 0:
             next_id = self._next_id()
 
             def new_id(cand: Trial, parent: int) -> Trial:
@@ -358,11 +400,11 @@ class ModeExecution:
                 return out
 
             try:
-                self.shrink = shrink(first, fails, cfg, cfg.max_shrink_runs, new_id)
+                self.shrink = shrink(start, fails, cfg, cfg.max_shrink_runs, new_id)
             finally:
                 self.observer.done()
         chosen = failing if self.plan.config.checks.invariance.localize == "all" else [first]
-        if self.shrink is not None and self.shrink.smallest is not first:
+        if self.shrink is not None and self.shrink.smallest is not self.shrink.start:
             chosen = [self.shrink.smallest, *chosen]  # the smallest first: its repro/ is the one to hand over
         for trial in chosen:
             requests, at = trial_requests(self.plan, trial)

@@ -47,3 +47,7 @@ class ModeResult:
     timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds (oracle.timings)
     # check name -> what the check's own runs gave (its row's `CheckRun`: prefill_decode, prefix_cache, ...)
     checks: Mapping[str, Any] = field(default_factory=dict)
+    # Before a failing invariant trial is blamed on the batch (oracle.execute.RECHECKED): trial id -> the trial
+    # run again as is, and target -> its solo run again. Either moving is run-to-run nondeterminism.
+    reruns: Mapping[int, Completion] = field(default_factory=dict)
+    solo_again: Mapping[int, Completion] = field(default_factory=dict)

@@ -32,8 +32,9 @@ Requirement = Literal["required", "warn", "report"]
 # The verdicts that are a problem: they block a `required` check and warn at `warn` (oracle.render.verdict
 # holds every rule the views derive from them).
 PROBLEM_VERDICTS: tuple[Verdict, ...] = ("fail", "vacuous", "error")
-# What made a divergence: the batch (what shared the target's passes), or run-to-run nondeterminism
-# (the target differed although it ran alone, or a trial differed from itself).
+# What made a divergence: the batch (what shared the target's passes), run-to-run nondeterminism (the
+# target differed although it ran alone, its solo run or a trial differed from itself run again), or the
+# sampler (another token sampled from bitwise equal logits), among others.
 Cause = Literal["batch", "nondeterminism", "prefill", "prefix_cache", "kernels", "golden", "sampling", "instance"]
 
 EXIT_OK = 0
@@ -74,6 +75,38 @@ class TrialRecord(_Model):
                        "for a trial the generator drew")
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+class Strength(_Model):
+    """What a pass rules out (oracle.checks.strength): with 0 divergences in N independent batched trials, a
+    break that shows in a fraction p of such trials escapes with probability (1-p)^N, so at `level` its rate
+    is below `rate_bound` = 1 - (1-level)^(1/N) (about 3/N at 95%, the rule of three)."""
+
+    batched_trials: int = Field(ge=0, description="trials whose target shared a forward pass with another sequence")
+    compositions: int = Field(ge=0, description="distinct pass compositions of those trials: the set of (num_seqs, "
+                              "num_tokens, is_prefill, chunked, cached) over the target's passes")
+    level: float = Field(gt=0, lt=1, description="the confidence the bound is stated at")
+    rate_bound: float | None = Field(description="the rate of a break in batched trials that 0 divergences rule "
+                                     "out at `level`; null with no batched trial")
+    wanted: int | None = Field(default=None, exclude_if=_absent, description="schedule.confidence: the batched "
+                               "trials its rate needs at its level")
+
+    def line(self) -> str:
+        """`15 batched; 12 compositions; rules out a break in >= 18% of batched trials (95%)`."""
+        if self.rate_bound is None:
+            return "no batched trial: rules out nothing"
+        kinds = "composition" if self.compositions == 1 else "compositions"
+        return (f"{self.batched_trials} batched; {self.compositions} {kinds}; rules out a break in "
+                f">= {_percent(self.rate_bound)} of batched trials ({_percent(self.level)})")
+
+
+def _percent(x: float) -> str:
+    """0.181 -> `18%`, 0.0495 -> `5%`, 0.0031 -> `0.31%`."""
+    return f"{x * 100:.0f}%" if x >= 0.01 else f"{x * 100:.2g}%"
+
+
 class CheckResult(_Model):
     """One check's verdict. `requirement`: required | warn | report."""
 
@@ -84,6 +117,8 @@ class CheckResult(_Model):
     divergent: int = Field(default=0, ge=0)
     evidence: dict[str, Any] = Field(default_factory=dict)
     message: str = ""
+    strength: Strength | None = Field(default=None, exclude_if=_absent, description="a pass over batched "
+                                      "trials: what it rules out (absent where the check does not say)")
 
     @property
     def blocks(self) -> bool:
@@ -93,8 +128,12 @@ class CheckResult(_Model):
     # One constructor per verdict, so a check states its outcome by name and never spells a verdict string.
     @classmethod
     def passed(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,
-               evidence: dict[str, Any] | None = None) -> CheckResult:
-        return cls._of("pass", name, requirement, message, trials, divergent, evidence)
+               evidence: dict[str, Any] | None = None, strength: Strength | None = None) -> CheckResult:
+        """`strength`: what the pass rules out, its line appended to the message (every view shows it)."""
+        if strength is not None:
+            message = f"{message}; {strength.line()}"
+        return cls._of("pass", name, requirement, message, trials, divergent, evidence).model_copy(
+            update={"strength": strength})
 
     @classmethod
     def failed(cls, name: str, requirement: str, *, message: str, trials: int = 0, divergent: int = 0,

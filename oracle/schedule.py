@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from oracle.config import ScheduleConfig
+from oracle.config_base import MAX_TRIALS
 
 # Batch sizes where kernels switch tiles or CUDA graphs are captured; always worth a trial.
 BOUNDARY_SIZES = (1, 2, 15, 16, 17, 255, 256, 257, 511, 512, 513)
@@ -188,14 +189,32 @@ class _Draw:
         return Trial(trial_id, target, position, target_arrival, fillers, budget)
 
 
+def sized(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> ScheduleConfig:
+    """`cfg` with enough trials that `schedule.confidence`'s batched trials are drawn: at least `cfg.trials`,
+    grown until the stratified batch sizes hold that many of 2 or more. Unchanged without a confidence, or
+    where the batch sizes cannot reach it (then invariance says vacuous)."""
+    if cfg.confidence is None or cfg.batch_size[1] < 2:
+        return cfg
+    wanted = cfg.confidence.batched_trials
+    n = max(cfg.trials, wanted)
+    while n < MAX_TRIALS:
+        got = sum(s >= 2 for s in _Draw(cfg.model_copy(update={"trials": n}), target_lens, seed).sizes)
+        if got >= wanted:
+            break
+        n = min(MAX_TRIALS, n + wanted - got)  # at most about one batched trial per slot added
+    return cfg if n == cfg.trials else cfg.model_copy(update={"trials": n})
+
+
 def draw_schedule(cfg: ScheduleConfig, target_lens: Sequence[int], seed: int) -> list[Trial]:
-    """`cfg.trials` distinct trials for targets with prompts of `target_lens` tokens, from `seed`.
+    """`cfg.trials` distinct trials for targets with prompts of `target_lens` tokens, from `seed` (more where
+    `schedule.confidence` needs them: `sized`).
 
     A trial that repeats an earlier one is redrawn; only where the ranges hold fewer distinct
     trials than asked for (one target, batch size 1, nothing else to vary) is the schedule shorter.
     """
     if not target_lens:
         return []
+    cfg = sized(cfg, target_lens, seed)
     draw = _Draw(cfg, target_lens, seed)
     seen: set[tuple[Any, ...]] = set()
     trials: list[Trial] = []

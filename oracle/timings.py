@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 # The phases in the order a run meets them; the report's timings are `{mode}_{phase}_s` and these run-wide
 # ones: plan_s, judge_s, write_s, total_s (merge_s for `oracle merge`).
-PHASES = ("engine_start", "references", "trials", "search", "repeats", "shrink", "localize", "checks", "close",
+PHASES = ("engine_start", "references", "trials", "search", "repeats", "recheck", "shrink", "localize", "checks", "close",
           "second_instance", "tp_parity")  # the last two: a second engine, started after the first closed
 
 

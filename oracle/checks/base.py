@@ -77,6 +77,8 @@ def record(runs: Runs, check: str, mode: str, trial: Trial | None, target: int, 
            d: Divergence, cause: Cause = "batch", localized: LocalizedOp | None = None,
            **extra: Any) -> DivergenceRecord:
     margin = d.reference_margin
+    if d.sampler and cause in ("batch", "nondeterminism"):
+        cause = "sampling"  # the logits agree bitwise: the sampler (RNG, top-k/top-p) picked another token
     ev = next((e for e in actual.evidence if e.token_index == d.step), None)
     return DivergenceRecord(
         check=check, mode=mode, target=runs.targets[target].name,  # type: ignore[arg-type]

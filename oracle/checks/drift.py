@@ -8,14 +8,16 @@ from typing import Any
 
 from oracle.checks.base import DRIFT_SECTION, PROD, Check, Judged, Runs
 from oracle.checks.solo import against_solo
-from oracle.report import CheckResult, DivergenceRecord
+from oracle.checks.strength import strength
+from oracle.report import CheckResult, DivergenceRecord, Strength
 
 
 def drift(runs: Runs, requirement: str) -> Judged:
     """Production mode: every scheduled trial's target vs its production solo run, bitwise; a report, failed
     only past the config's gates (checks.drift)."""
-    _, ev, recs, n = against_solo(runs, "drift", "production")
-    return _verdict(runs, requirement, ev, recs, n)
+    result, ev, recs, n = against_solo(runs, "drift", "production")
+    power = strength(runs.config, [c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"])
+    return _verdict(runs, requirement, ev, recs, n, power)
 
 
 def _drift_over(runs: Runs, ev: Mapping[str, Any], recs: Sequence[DivergenceRecord], n: int) -> list[str]:
@@ -36,7 +38,9 @@ def _drift_over(runs: Runs, ev: Mapping[str, Any], recs: Sequence[DivergenceReco
 
 
 def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
-                   n: int) -> Judged:
+             n: int, power: Strength) -> Judged:
+    """Failed past a gate; vacuous when nothing ran or batched; else passed (with what it rules out when no
+    trial drifted)."""
     msg = (f"{len(recs)} of {n} production trials diverged from production solo" if recs
            else f"no production divergence in {n} trials")
     over = _drift_over(runs, ev, recs, n)
@@ -44,9 +48,11 @@ def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[Diverg
         return Judged(CheckResult.failed("drift", requirement, trials=n,
                                   divergent=len(recs), evidence=ev, message=msg + "; " + "; ".join(over)),
                       tuple(recs))
-    made = CheckResult.vacuous if n == 0 or ev["trials_batched"] == 0 else CheckResult.passed
-    return Judged(made("drift", requirement, trials=n,
-                              divergent=len(recs), evidence=ev, message=msg), tuple(recs))
+    if n == 0 or ev["trials_batched"] == 0:
+        return Judged(CheckResult.vacuous("drift", requirement, trials=n, divergent=len(recs), evidence=ev,
+                                          message=msg), tuple(recs))
+    return Judged(CheckResult.passed("drift", requirement, trials=n, divergent=len(recs), evidence=ev,
+                                     message=msg, strength=None if recs else power), tuple(recs))
 
 
 ROW = Check("drift", drift, PROD, PROD, section=DRIFT_SECTION, self_compared=True)

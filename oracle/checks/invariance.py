@@ -1,8 +1,10 @@
 """invariance: in invariant mode, every target under every trial == its solo reference, bitwise.
 
-A failing trial is shrunk (its smallest form is a record of its own) and localized; a known hazard the
-invariant posture matches that no trial crossed keeps the check from passing (`untested_hazards`), and
-`hazard_probes` is the report's account of each matched hazard's probes."""
+A failing trial is rechecked before the batch is blamed (run again as is, its target alone again:
+`evidence.recheck`; either moving is run-to-run), then shrunk (its smallest form is a record of its own) and
+localized; a known hazard the invariant posture matches that no trial crossed keeps the check from passing
+(`untested_hazards`), and `hazard_probes` is the report's account of each matched hazard's probes. A pass
+states its strength (oracle.checks.strength), and is vacuous short of `schedule.confidence`."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ from typing import Any
 
 from oracle import op_coverage
 from oracle.checks.base import INV, INVARIANT_SECTION, Check, Judged, Runs, record
-from oracle.checks.solo import against_solo, cause
+from oracle.checks.solo import against_solo, cause, run_to_run
+from oracle.checks.strength import short_of, strength
 from oracle.compare import first_divergence
 from oracle.mode_result import ModeResult
-from oracle.report import CheckResult, DivergenceRecord, HazardProbesRecord, ProbeNotFormed
+from oracle.report import CheckResult, DivergenceRecord, HazardProbesRecord, ProbeNotFormed, Strength
 from oracle.report_sections import HazardRecord
 
 
@@ -23,16 +26,41 @@ def invariance(runs: Runs, requirement: str) -> Judged:
     """Every scheduled trial's target vs its solo run in invariant mode, bitwise; the shrunk trial's record with
     them; vacuous while a matched hazard went untested or the mode leaves an op uncovered (oracle.op_coverage)."""
     result, ev, recs, n = against_solo(runs, "invariance", "invariant")
+    if result.reruns or result.solo_again:
+        ev["recheck"] = _recheck_evidence(result, runs)
     shrunk = _shrink_evidence(runs, result, ev)
     if result.localize_notes:
         ev["localize_notes"] = list(result.localize_notes)
-    return _verdict(runs, requirement, ev, recs + shrunk, shrunk, n)
+    judged = [c for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"]
+    return _verdict(runs, requirement, ev, recs + shrunk, shrunk, n, strength(runs.config, judged))
+
+
+def _recheck_evidence(result: ModeResult, runs: Runs) -> dict[str, list[int]]:
+    """What the failing trials rechecked before the batch was blamed gave (oracle.execute.RECHECKED): the trials
+    run again, the targets run alone again, those whose solo run moved, and the trials that reproduced bit for
+    bit with a steady solo run (the batch's)."""
+    moved = sorted(t for t, again in result.solo_again.items() if first_divergence(result.solo[t], again))
+    failing = _failing_ids(result, runs)  # a failing trial already repeated is rechecked by its repeat
+    repeated = [tid for tid in result.repeats if tid in failing and runs.trials[tid].target in result.solo_again]
+    rechecked = sorted({*result.reruns, *repeated})
+    reproduced = [tid for tid in rechecked
+                  if not run_to_run(result, tid, runs.trials[tid].target, result.trials[tid])]
+    return {"trials": rechecked, "targets": sorted(result.solo_again), "solo_moved": moved,
+            "reproduced": reproduced, "not_rechecked": sorted(failing - set(rechecked))}
+
+
+def _failing_ids(result: ModeResult, runs: Runs) -> set[int]:
+    """The judged trials (not the shrinker's) whose target differs from its solo run."""
+    return {tid for tid, c in result.trials.items() if runs.trials[tid].origin != "shrink"
+            and runs.trials[tid].target in result.solo
+            and first_divergence(result.solo[runs.trials[tid].target], c) is not None}
 
 
 def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[DivergenceRecord],
-                  shrunk: list[DivergenceRecord], n: int) -> Judged:
-    """Failed on any divergence (or a shrunk one); vacuous when nothing ran, nothing batched, or a matched
-    hazard went untested (invariance); else passed."""
+             shrunk: list[DivergenceRecord], n: int, power: Strength) -> Judged:
+    """Failed on any divergence (or a shrunk one); vacuous when nothing ran, nothing batched, a matched
+    hazard went untested, or the batched trials fall short of schedule.confidence; else passed, with what it
+    rules out."""
     if n == 0:
         return Judged(CheckResult.vacuous("invariance", requirement, evidence=ev,
                                   message="no trial completed"), tuple(recs))
@@ -57,9 +85,13 @@ def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[Diverg
         return Judged(CheckResult.vacuous("invariance", requirement, trials=n, evidence=ev,
                                   message=f"{n} trials bitwise equal to the solo reference, but a known hazard of "
                                           f"this posture went untested (no trial crossed its threshold): {why}"))
-    return Judged(CheckResult.passed("invariance", requirement, trials=n, evidence=ev,
-                              message=f"{n} trials bitwise equal to the solo reference, "
-                                      f"{ev['trials_batched']} batched"))
+    short = short_of(power)
+    if short is not None:
+        return Judged(CheckResult.vacuous("invariance", requirement, trials=n, evidence=ev,
+                                          message=f"{n} trials bitwise equal to the solo reference, but {short}"
+                                          ).model_copy(update={"strength": power}))
+    return Judged(CheckResult.passed("invariance", requirement, trials=n, evidence=ev, strength=power,
+                                     message=f"{n} trials bitwise equal to the solo reference"))
 
 
 def _hazard_crossings(runs: Runs, hazard: HazardRecord) -> list[int]:
@@ -137,18 +169,37 @@ def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
                      ev: dict[str, Any]) -> str:
     nondet = sum(r.cause == "nondeterminism" for r in failing)
-    parts = [f"{len(failing)} of {n} trials diverged from the solo reference"]
-    if nondet:
-        parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or the trial "
-                     "disagreed with itself), not the batch")
+    sampler = sum(r.cause == "sampling" for r in failing)
+    head = f"{len(failing)} of {n} trials diverged from the solo reference"
+    if failing and nondet == len(failing):
+        parts = [f"{head}: run-to-run nondeterminism, not batch variance (the target's solo run or the same "
+                 "trial gave other bits run again, or the target ran alone)"]
+    else:
+        parts = [head]
+        if nondet:
+            parts.append(f"{nondet} of them run-to-run nondeterminism (the target ran alone, or its solo run or "
+                         "the trial gave other bits run again), not the batch")
+    recheck = ev.get("recheck", {})
+    unconfirmed = [r for r in failing if r.cause == "batch" and r.trial_id in recheck.get("not_rechecked", ())]
+    if nondet and unconfirmed:
+        parts.append(f"{len(unconfirmed)} blamed on the batch were not run again (past the first rechecked): "
+                     "unconfirmed while run-to-run nondeterminism was seen")
+    if sampler:
+        parts.append(f"{sampler} of them the sampler's (another token sampled from bitwise equal logits), "
+                     "not the model's")
     s = ev.get("shrink")
     if s is not None:
         size = "minimal" if s["minimal"] else f"smallest found in {s['runs']} shrink runs"
-        if shrunk:
+        if shrunk and shrunk[0].cause == "nondeterminism":
+            parts.append(f"shrinking reached trial {shrunk[0].trial_id}, which differs run to run: no minimal "
+                         "batch was found")
+        elif shrunk:
             parts.append(f"shrunk to trial {shrunk[0].trial_id} of batch {len(shrunk[0].trial.fillers) + 1} "  # type: ignore[union-attr]
                          f"({size})")
         else:
             parts.append(f"trial {s['start_trial']} did not shrink ({size})")
+    elif recheck.get("reproduced") == []:
+        parts.append("not shrunk: no failing trial rechecked gave the same bits twice with a steady solo run")
     op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
     if op is not None:
         parts.append(f"first diverging op: {op.summary()}")
@@ -170,7 +221,7 @@ def _shrink_evidence(runs: Runs, result: ModeResult, ev: dict[str, Any]) -> list
     d = first_divergence(result.solo[t.target], out)
     if d is None:
         return []
-    return [record(runs, "invariance", "invariant", t, t.target, out, d, cause(result, t.trial_id, out),
+    return [record(runs, "invariance", "invariant", t, t.target, out, d, cause(result, t.trial_id, out, t.target),
                    result.localized.get(t.trial_id), shrunk=True, minimal=s.minimal)]
 
 

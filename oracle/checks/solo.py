@@ -27,15 +27,24 @@ def batch_evidence(runs: Runs, completions: Mapping[int, Completion]) -> dict[st
     }
 
 
-def cause(result: ModeResult, trial_id: int, actual: Completion) -> Cause:
+def run_to_run(result: ModeResult, trial_id: int, target: int, actual: Completion) -> bool:
+    """The same trial gave other bits run again (its repeat or its recheck), or its target alone did."""
+    for again in (result.repeats.get(trial_id), result.reruns.get(trial_id)):
+        if again is not None and first_divergence(actual, again) is not None:
+            return True
+    solo = result.solo_again.get(target)
+    return solo is not None and target in result.solo and first_divergence(result.solo[target], solo) is not None
+
+
+def cause(result: ModeResult, trial_id: int, actual: Completion, target: int) -> Cause:
     """What made the target differ from its solo run.
 
-    Nondeterminism when the same trial disagreed with itself, or when the other requests could
-    not have touched the target (it never shared a pass and started from no cached blocks); the
-    prefix cache when it only met them through cached blocks; else the batch.
+    Nondeterminism when the same trial disagreed with itself, or the target's solo run moved when run
+    again (`run_to_run`), or when the other requests could not have touched the target (it never shared a
+    pass and started from no cached blocks); the prefix cache when it only met them through cached
+    blocks; else the batch. (`record` classes a token sampled from bitwise equal logits as the sampler's.)
     """
-    again = result.repeats.get(trial_id)
-    if again is not None and first_divergence(actual, again) is not None:
+    if run_to_run(result, trial_id, target, actual):
         return "nondeterminism"
     if actual.max_batch <= 1:
         hit = any(e.num_cached_tokens > 0 for e in actual.evidence)
@@ -53,7 +62,8 @@ def solo_divergences(runs: Runs, name: str, mode: str, result: ModeResult,
             continue
         d = first_divergence(result.solo[trial.target], actual)
         if d is not None:
-            recs.append(record(runs, name, mode, trial, trial.target, actual, d, cause(result, tid, actual),
+            recs.append(record(runs, name, mode, trial, trial.target, actual, d,
+                               cause(result, tid, actual, trial.target),
                                result.localized.get(tid)))
     return recs
 

@@ -12,7 +12,7 @@ engine's own start timeout where it has one, see `start_timeout`):
 | phase | deadline |
 | --- | --- |
 | start: the constructor (model load, worker handshake, server start and first probe) | `start_timeout(cfg)` |
-| references, trials, repeats, shrink, prefill/decode, prefix cache: each generate call | `engine.timeout_s` |
+| references, trials, repeats, recheck, shrink, prefill/decode, prefix cache: each generate call | `engine.timeout_s` |
 | describe, reset_prefix_cache | `engine.timeout_s` |
 | capture (one captured run, its warm-up run included) | `engine.timeout_s` per run |
 | localize (in a run, and `oracle localize`): both captured runs and the confirmation | 3 x `engine.timeout_s` |

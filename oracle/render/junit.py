@@ -70,6 +70,8 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
                  targets: set[str], report_path: str) -> None:
     """A check's testsuite: a testcase per target, and an `all targets` one for a verdict no target explains."""
     suite = _el(suites, "testsuite", name=f"oracle.{c.name}")
+    if c.strength is not None:  # what a pass rules out, as numbers a CI dashboard can read
+        _properties(suite, {f"strength.{k}": v for k, v in c.strength.model_dump(mode="json").items()})
     golden = _golden_targets(c)
     outcomes = [_target_case(suite, report, c, target, divs_of.get(target, []), target in golden, report_path)
                 for target in sorted(targets | set(divs_of) | golden)]

@@ -193,9 +193,9 @@ def _config_of(report: Report, path: Path) -> Config:
 
 
 def _wants_engine(config: Config, inv: ModeResult, schedule: Sequence[Trial]) -> bool:
-    """A trial failed invariance, and the config shrinks or localizes it."""
-    cfg, invariance = config.schedule, config.checks.invariance
-    if invariance.requirement == "off" or not ((cfg.shrink and cfg.max_shrink_runs > 0) or invariance.localize != "off"):
+    """A trial failed invariance: it is rechecked (oracle.execute.RECHECKED), and shrunk or localized where the
+    config asks."""
+    if config.checks.invariance.requirement == "off":
         return False
     return any(first_divergence(inv.solo[t.target], inv.trials[t.trial_id]) is not None for t in schedule)
 
@@ -245,6 +245,7 @@ def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: 
     finally:
         done = execution.result()
         inv = replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
+                      reruns=done.reruns, solo_again=done.solo_again,
                       localized={**done.localized, **inv.localized},
                       localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
         report.timings.update({f"merge_{k}_s": round(v, 3) for k, v in done.timings.items()})

@@ -30,7 +30,9 @@ class FakeEngine:
                  fail_after_calls: int | None = None, always_alone: bool = False, flip_token: bool = False,
                  sleep_s: float = 0.0, diverge_from_tokens: int | None = None,
                  nondeterministic_from_call: int | None = None, fault_after_calls: int | None = None,
-                 fault: str = "", close_raises: bool = False, announce: bool = False) -> None:
+                 fault: str = "", close_raises: bool = False, announce: bool = False,
+                 alone_from_call: int | None = None, misfire_every: int | None = None,
+                 sampler_from_batch: int | None = None) -> None:
         self.mode = mode
         self.diverge_from_batch = diverge_from_batch
         self.diverge_mode = diverge_mode
@@ -38,6 +40,12 @@ class FakeEngine:
         self.diverge_not_first = diverge_not_first
         self.fail_after_calls = fail_after_calls
         self.always_alone = always_alone
+        self.alone_from_call = alone_from_call  # from this call on, every request runs alone (no batch forms)
+        # Every this-many-th call misfires, whatever the batch, a little differently each time (run-to-run).
+        self.misfire_every = misfire_every
+        # From this batch size on, another token is sampled from the same logits (a sampler fault): the
+        # completions then carry logits digests, a function of the prompt and step alone.
+        self.sampler_from_batch = sampler_from_batch
         self.flip_token = flip_token
         self.sleep_s = sleep_s
         # Diverge when the call's prompts hold this many tokens together (a fault keyed on the pass size).
@@ -73,13 +81,18 @@ class FakeEngine:
             time.sleep(self.sleep_s)
         if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
             raise RuntimeError("planted engine failure")
-        batch = 1 if self.always_alone else len(requests)
+        alone = self.always_alone or (self.alone_from_call is not None and self.calls >= self.alone_from_call)
+        batch = 1 if alone else len(requests)
         tokens = sum(len(r.prompt_token_ids) for r in requests)
-        noise = (self.nondeterministic_from_call is not None and self.mode == self.diverge_mode
-                 and self.calls >= self.nondeterministic_from_call)
+        noise = self.mode == self.diverge_mode and (
+            (self.nondeterministic_from_call is not None and self.calls >= self.nondeterministic_from_call)
+            or (self.misfire_every is not None and self.calls % self.misfire_every == 0))
+        sampler = (self.sampler_from_batch is not None and self.mode == self.diverge_mode
+                   and batch >= self.sampler_from_batch)
         out = []
         for pos, r in enumerate(requests):
-            c = Completion(r.request_id, [], [], top2=[])
+            c = Completion(r.request_id, [], [], top2=[],
+                           logits_digests=[] if self.sampler_from_batch is not None else None)
             for step in range(r.sampling.max_tokens):
                 token, lp = _value(r.prompt_token_ids, step)
                 planted = (
@@ -94,6 +107,11 @@ class FakeEngine:
                     lp = lp + 2.0**-20  # a few ULPs away
                     if self.flip_token:
                         token = (token + 1) % 97
+                if c.logits_digests is not None:  # the logits: the prompt's and step's, whatever is sampled
+                    c.logits_digests.append(hashlib.sha256(repr(("logits", r.prompt_token_ids, step)).encode()
+                                                           ).hexdigest())
+                if sampler and step >= self.diverge_step:
+                    token, lp = (token + 1) % 97, lp - 0.5  # another token from the same row
                 c.token_ids.append(token)
                 c.logprobs.append(lp)
                 c.top2.append((1.0, 0.5))  # type: ignore[union-attr]

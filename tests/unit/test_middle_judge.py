@@ -177,7 +177,7 @@ CASES = [
     # --- invariance: every trial == its target's solo run, bitwise -------------------------------------
     Case("equal and batched", "invariance", _inv(), "pass", 3,
          evidence={"trials_batched": 3, "max_seqs_shared": 4, "scheduled_batch_sizes": [2, 3, 4]},
-         message="3 trials bitwise equal to the solo reference, 3 batched"),
+         message="3 trials bitwise equal to the solo reference; 3 batched; "),
     Case("one logprob 16 ULP off", "invariance", _inv({1: {"step": 2, "ulps": 16}}), "fail", 3, 1,
          ((1, "t1", 2, "logprob", 16, "batch"),),
          {"divergent_fraction": 1 / 3, "first_divergence_steps": {"2": 1}, "max_ulp": 16, "token_divergences": 0},
@@ -203,7 +203,7 @@ CASES = [
     Case("alone and different: nondeterminism", "invariance",
          _inv({0: {"step": 0, "ulps": 2}}, lambda i: 1 if i == 0 else 2), "fail", 3, 1,
          ((0, "t0", 0, "logprob", 2, "nondeterminism"),), {"nondeterministic": 1},
-         "1 of them run-to-run nondeterminism"),
+         "1 of 3 trials diverged from the solo reference: run-to-run nondeterminism, not batch variance"),
     Case("alone, met the fillers through the cache", "invariance",
          _inv({0: {"step": 0, "ulps": 2, "cached": 3}}, lambda i: 1 if i == 0 else 2), "fail", 3, 1,
          ((0, "t0", 0, "logprob", 2, "prefix_cache"),), {"trials_with_cache_hits": 1}),

@@ -78,6 +78,15 @@ def test_merged_shards_equal_the_unsharded_run_with_a_failure(fake_model: Path, 
     assert merged["timings"]["merge_shrink_s"] >= 0 and merged["shard"]["count"] == n
 
 
+def test_merge_rechecks_a_failure_it_neither_shrinks_nor_localizes(fake_model: Path, tmp_path: Path) -> None:
+    data = _config(fake_model, tmp_path / "r", diverge_from_batch=5, diverge_step=2)
+    data["schedule"]["shrink"] = False
+    data["checks"]["invariance"] = {"requirement": "required", "localize": "off"}
+    merged = _assert_equal(tmp_path, data, 2)
+    inv = next(c for c in merged["checks"] if c["name"] == "invariance")
+    assert inv["evidence"]["recheck"]["reproduced"] and "shrink" not in inv["evidence"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [3, 7])
 def test_merged_shards_equal_the_unsharded_run_many(fake_model: Path, tmp_path: Path, n: int) -> None:

@@ -75,7 +75,8 @@ def full_result() -> ModeResult:
                                                "temperature 0 only"),
                 "cross_instance": InstanceRun({"kind": "fake", "instance": 2}, {0: c(13)}, {0: c(14)},
                                               "a second engine"),
-                "tp_parity": InstanceRun({"kind": "fake", "tensor_parallel_size": 1}, {0: c(15)}, {}, "")})
+                "tp_parity": InstanceRun({"kind": "fake", "tensor_parallel_size": 1}, {0: c(15)}, {}, "")},
+        reruns={5: c(16)}, solo_again={1: c(17)})
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
