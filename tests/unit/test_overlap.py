@@ -5,17 +5,25 @@ report that names it, and the timings say what ran alongside what."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import apart_engine
 import pytest
+import yaml
+from run_process import finish
 
 from oracle.config import EngineConfig, parse_config
 from oracle.engines.kinds import BUILTIN, EngineKind
 from oracle.overlap import ENV
 from oracle.render.timings import timing_line
 from oracle.runner import run
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def _config(model: Path, out: Path, **options: Any) -> dict[str, Any]:
@@ -134,3 +142,30 @@ def test_vllm_beside_halves_gpu_memory_only_on_a_gpu(monkeypatch: pytest.MonkeyP
     own = EngineConfig.model_validate({"kind": "vllm", "options": {
         "engine_args": {"gpu_memory_utilization": 0.3}}})
     assert beside(own).options["engine_args"]["gpu_memory_utilization"] == 0.3  # the user's setting wins
+
+
+@pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_signal_mid_overlap_writes_a_partial_report(fake_model: Path, tmp_path: Path, sig: int, code: int,
+                                                    name: str) -> None:
+    """`oracle run` (a real subprocess) signalled while invariant mode runs and production's start hangs beside
+    it: exit 130/143, a partial report, no wait for the hung start."""
+    cfg = _config(fake_model, tmp_path / "report", hang_start="production", sleep_s=0.02, announce=True)
+    cfg["schedule"]["trials"] = 200
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
+           "CI": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop(ENV, None)
+    proc = subprocess.Popen([sys.executable, "-m", "oracle", "run", str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "fake engine: invariant call 20" in line:  # references done, trials under way
+            break
+    proc.send_signal(sig)
+    err = finish(proc, timeout=60)
+    assert proc.returncode == code, err
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["complete"] is False and report["error"] == f"interrupted ({name})"
+    inv = next(c for c in report["checks"] if c["name"] == "invariance")
+    assert 0 < inv["trials"] < 200  # what invariant mode completed is judged
