@@ -4,10 +4,10 @@ The modes are independent until the judge reads them, so where the engine lives 
 (the kind's row says: `EngineKind.starts_apart`; vLLM's worker, a server each mode starts) production's
 engine is started on a thread of its own as soon as invariant mode's engine is up, and is handed to
 production's execution when invariant mode is done. The modes never share a process, a cache or an engine:
-each is built by its own call, for its own mode. The second start waits for the first to be up (not
-beside it) because vLLM reads the free GPU memory while it starts, and two starts would each count the
-other's allocations as their own. Everything else runs in the order of a sequential run, so the report is
-the same but for its timings.
+each is built by its own call, for its own mode. Where the row allows it (`starts_together`: vLLM on a CPU)
+both starts run at once; else the second waits for the first engine to be up, because vLLM reads the free
+GPU memory while it starts and two starts would each count the other's allocations as their own.
+Everything else runs in the order of a sequential run, so the report is the same but for its timings.
 
 A fault ends as it would have in a sequential run: a second start that fails is raised when production's
 execution takes its engine (after invariant mode completed, as a sequential run would have met it); a fault
@@ -67,6 +67,10 @@ class EarlyStart:
             return engine
 
         return started
+
+    def begin(self) -> None:
+        """Start the second engine now (both starts at once)."""
+        self._begin()
 
     def _begin(self) -> None:
         if self._thread is not None:  # the first mode's second engine (cross_instance) starts nothing more

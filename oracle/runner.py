@@ -171,6 +171,8 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
     build = engine_builder(plan, beside=beside)
     early = EarlyStart(build, modes[-1]) if beside else None
     try:
+        if early is not None and plan.engine.starts_together(plan.config.engine):
+            early.begin()
         for i, mode in enumerate(modes):
             own = build if early is None else early.first(build) if i == 0 else early.take
             execution = ModeExecution(plan, mode, observer, own, localizer, engine_builder(plan, 1, beside),

@@ -121,6 +121,8 @@ class EngineKind:
     starts_apart: Callable[[EngineConfig], bool] = _never
     # The config of one of two engines that run at once (oracle.overlap): vLLM on one GPU halves its memory.
     beside: Callable[[EngineConfig], EngineConfig] = _as_given
+    # Its start may also run while the other mode's engine starts (else it waits until that one is up).
+    starts_together: Callable[[EngineConfig], bool] = _never
 
 
 # --- the pieces of the built-in rows -------------------------------------------------------------------------
@@ -281,6 +283,14 @@ def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
     return cfg.model_copy(update={"options": {**cfg.options, "engine_args": args}})
 
 
+def _vllm_starts_together(cfg: EngineConfig) -> bool:
+    """On a CPU: the two starts share nothing but the cores. On a GPU vLLM measures the free memory while it
+    starts, and would count the other start's allocations as its own."""
+    from oracle.models import memory
+
+    return memory.gpus_free() is None
+
+
 def _openai_starts_apart(cfg: EngineConfig) -> bool:
     """Each mode starts a server of its own (`command`): two processes, nothing shared."""
     return bool(cfg.options_as(OpenAIOptions).command) and not _openai_shared_server(cfg)
@@ -361,7 +371,8 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
                install=VLLM_INSTALL,
                start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
                code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
-               fits=_fits_vllm, uses_device=False, starts_apart=_always, beside=_vllm_beside),
+               fits=_fits_vllm, uses_device=False, starts_apart=_always, beside=_vllm_beside,
+               starts_together=_vllm_starts_together),
     EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OPTIONS["openai"], packages=("httpx",),
                install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
                own_start_timeout=_openai_start_timeout, code_options=_process_options,
@@ -381,7 +392,7 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     `Class(model=..., mode=..., **custom_engine_kwargs)`; the rest from its optional class attributes
     (`needs_weights`, `code_loading_options`, `start_work`, `server_options`: the options that hold the URL of
     a server it sends requests to, `starts_apart`: True where each mode's engine lives in processes of its own, so
-    one may start while the other runs) and the defaults."""
+    one may start while the other runs; `starts_together`: also while the other starts) and the defaults."""
     from oracle.engines.contract import class_needs_weights
 
     declared = getattr(cls, "code_loading_options", ())
@@ -402,7 +413,8 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     return EngineKind(name, build, runs_weights=class_needs_weights(cls), code_options=code_options,
                       start_work=start_work if isinstance(start_work, str) else f"{name}'s constructor",
                       user_code=user_code, declare_posture=posture.declare_stated(cls), server_url=server_url,
-                      starts_apart=_always if apart else _never)
+                      starts_apart=_always if apart else _never,
+                      starts_together=_always if apart and getattr(cls, "starts_together", False) is True else _never)
 
 
 # --- lookup -----------------------------------------------------------------------------------------------------

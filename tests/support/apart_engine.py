@@ -41,3 +41,9 @@ class ApartEngine(FakeEngine):
     def close(self) -> None:
         _event(self.mode, "close")
         super().close()
+
+
+class TogetherEngine(ApartEngine):
+    """Both modes' starts at once (as vLLM's on a CPU)."""
+
+    starts_together = True

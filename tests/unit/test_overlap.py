@@ -73,6 +73,18 @@ def test_production_starts_while_invariant_runs(fake_model: Path, tmp_path: Path
     assert line is not None and "alongside invariant" in line and "wall clock" in line
 
 
+def test_both_starts_at_once_where_the_row_allows(fake_model: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    apart_engine.EVENTS.clear()
+    cfg = _config(fake_model, tmp_path / "r", start_s=0.3)
+    cfg["engine"]["kind"] = "apart_engine:TogetherEngine"
+    report = run(parse_config(cfg))
+    at = {(m, what): t for m, what, t in apart_engine.EVENTS}
+    assert at[("production", "start")] < at[("invariant", "started")]  # beside invariant's start
+    assert report.timings["overlap_s"] > 0.2
+
+
 def test_sequential_when_turned_off_or_not_apart(fake_model: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, "0")
@@ -137,8 +149,10 @@ def test_vllm_beside_halves_gpu_memory_only_on_a_gpu(monkeypatch: pytest.MonkeyP
     beside = BUILTIN["vllm"].beside
     monkeypatch.setattr(memory, "gpus_free", lambda: None)
     assert beside(cfg) == cfg  # a CPU: nothing changes
+    assert BUILTIN["vllm"].starts_together(cfg)  # and both starts may run at once
     monkeypatch.setattr(memory, "gpus_free", lambda: memory.Memory(80 << 30, "GPU memory"))
     assert beside(cfg).options["engine_args"]["gpu_memory_utilization"] == 0.45
+    assert not BUILTIN["vllm"].starts_together(cfg)  # a GPU: the second start waits for the first engine
     own = EngineConfig.model_validate({"kind": "vllm", "options": {
         "engine_args": {"gpu_memory_utilization": 0.3}}})
     assert beside(own).options["engine_args"]["gpu_memory_utilization"] == 0.3  # the user's setting wins
