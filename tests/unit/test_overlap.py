@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def test_production_starts_while_invariant_runs(fake_model: Path, tmp_path: Path
     assert at[("production", "start")] >= at[("invariant", "started")]  # once invariant's engine was up
     t = report.timings
     assert t["production_engine_start_s"] >= 0.3  # its own start, not the wait for it
-    assert t["overlap_s"] > 0.2 and t["production_start_wait_s"] < 0.1
+    assert t["overlap_s"] > 0.2 and 0 <= t["production_start_wait_s"] < t["production_engine_start_s"]
     line = timing_line(t)
     assert line is not None and "alongside invariant" in line and "wall clock" in line
 
@@ -122,9 +123,14 @@ def test_invariant_fault_closes_the_production_engine(fake_model: Path, tmp_path
     apart_engine.EVENTS.clear()
     report = run(parse_config(_config(fake_model, tmp_path / "r", fail_after_calls=10)))
     assert report.exit_code() == 3 and "planted engine failure" in (report.error or "")
-    closed = [m for m, what, _ in apart_engine.EVENTS if what == "close"]
-    started = [m for m, what, _ in apart_engine.EVENTS if what == "started"]
-    assert closed.count("production") == started.count("production")  # never left running
+    def left_running() -> int:
+        events = [(m, what) for m, what, _ in apart_engine.EVENTS]
+        return events.count(("production", "started")) - events.count(("production", "close"))
+
+    deadline = time.monotonic() + 10  # an engine still starting when the run stopped is closed once it is up
+    while left_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left_running() == 0  # never left running
 
 
 def test_rows_declare_it() -> None:
