@@ -235,7 +235,12 @@ class ModeExecution:
         t0 = time.perf_counter()
         clock = self.clock.phase
         with clock("engine_start"):
-            self.engine = self.build(self.mode)  # once per run and mode; trials reset its prefix cache (fresh)
+            try:
+                self.engine = self.build(self.mode)  # once per run and mode; trials reset its prefix cache (fresh)
+            except EngineError as e:
+                if type(e) is not EngineError or any(f"{self.mode} {w}" in str(e) for w in ("engine", "mode")):
+                    raise
+                raise EngineError(f"{self.mode} mode's engine did not start: {e}") from e  # which mode failed
             self.describe = self.engine.describe()
         try:
             self._run_phases(replayed, to_repeat)

@@ -41,12 +41,15 @@ from oracle.timings import rounded
 View = Callable[[Report, Path], Any]
 
 
-def engine_builder(plan: Plan, instance: int = 0) -> Callable[[Mode], Engine]:
+def engine_builder(plan: Plan, instance: int = 0, beside: bool = False) -> Callable[[Mode], Engine]:
     """Engines started under the watchdog (`engine.timeout_s`): a hung engine is an engine error. `instance`
-    picks the server of a mode given a list of URLs (the openai row's `instance` in oracle.engines.kinds; the cross_instance check's second)."""
+    picks the server of a mode given a list of URLs (the openai row's `instance` in oracle.engines.kinds; the cross_instance check's second).
+    `beside`: the engine runs while the other mode's does (oracle.overlap; the row's `beside` config)."""
     from oracle.lifecycle.watchdog import start_engine
 
     cfg, row = plan.config.engine, plan.engine
+    if beside:
+        cfg = row.beside(cfg)
     return lambda mode: start_engine(row.instance(cfg, mode, instance), plan.model_dir, mode, row)
 
 
@@ -159,17 +162,33 @@ def _started_report(config: Config, plan: Plan) -> Report:
 
 def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: dict[Mode, ModeResult],
                report: Report) -> None:
-    """Each mode the enabled checks read, in order; its result (also a partial one) into `results`."""
-    build = engine_builder(plan)
-    for mode in modes_read(plan.config):
-        execution = ModeExecution(plan, mode, observer, build, localizer, engine_builder(plan, 1),
-                                  check_runs=check_runs(plan.config))
-        try:
-            execution.run()
-        finally:
-            results[mode] = execution.result()
-            report.timings[f"{mode}_s"] = round(execution.seconds, 3)
-            report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
+    """Each mode the enabled checks read, in order; its result (also a partial one) into `results`. Where the
+    engines live apart, the second mode's engine starts while the first mode runs (oracle.overlap)."""
+    from oracle.overlap import EarlyStart, overlaps
+
+    modes = modes_read(plan.config)
+    beside = overlaps(plan, modes)
+    build = engine_builder(plan, beside=beside)
+    early = EarlyStart(build, modes[-1]) if beside else None
+    try:
+        if early is not None and plan.engine.starts_together(plan.config.engine):
+            early.begin()
+        for i, mode in enumerate(modes):
+            own = build if early is None else early.first(build) if i == 0 else early.take
+            execution = ModeExecution(plan, mode, observer, own, localizer, engine_builder(plan, 1, beside),
+                                      check_runs=check_runs(plan.config))
+            try:
+                execution.run()
+            finally:
+                if early is not None and own == early.take and "engine_start" in execution.clock.seconds:
+                    execution.clock.seconds["engine_start"] = early.start_s  # its own start, not the wait
+                results[mode] = execution.result()
+                report.timings[f"{mode}_s"] = round(execution.seconds, 3)
+                report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
+    finally:
+        if early is not None:
+            early.close()
+            report.timings.update(early.timings())
 
 
 def _conclude(plan: Plan, results: dict[Mode, ModeResult], report: Report, db: Any, observer: Observer,

@@ -71,6 +71,14 @@ def _sends_nowhere(options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _always(cfg: EngineConfig) -> bool:
+    return True
+
+
+def _as_given(cfg: EngineConfig) -> EngineConfig:
+    return cfg
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """Everything oracle knows about one engine kind (see the module's docstring).
@@ -107,6 +115,14 @@ class EngineKind:
     user_code: bool = False  # `module:Class`: the kind itself names code to import
     server_url: Callable[[Mapping[str, Any]], str | None] = _sends_nowhere
     uses_device: bool = True
+    # Its start (and run) may go on while the other mode's engine runs: the engine lives in processes of its own
+    # (vLLM's worker, a server each mode starts), so the modes share no process, no cache and no process-global
+    # state. False where invariant mode is this process's `torch.library` overrides (native, transformers).
+    starts_apart: Callable[[EngineConfig], bool] = _never
+    # The config of one of two engines that run at once (oracle.overlap): vLLM on one GPU halves its memory.
+    beside: Callable[[EngineConfig], EngineConfig] = _as_given
+    # Its start may also run while the other mode's engine starts (else it waits until that one is up).
+    starts_together: Callable[[EngineConfig], bool] = _never
 
 
 # --- the pieces of the built-in rows -------------------------------------------------------------------------
@@ -250,6 +266,36 @@ def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
     return cfg.model_copy(update={"options": {**cfg.options, "base_url": resolved}})
 
 
+# Each of two vLLM engines on one GPU: below half, for the CUDA context and what vLLM keeps outside its pool.
+SHARED_GPU_MEMORY_UTILIZATION = 0.45
+
+
+def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
+    """Two vLLM workers on the GPUs at once: each takes `SHARED_GPU_MEMORY_UTILIZATION` of the memory unless
+    `engine_args.gpu_memory_utilization` is set (vLLM's default 0.9 each would not fit). On a CPU (no GPU seen
+    through NVML) nothing changes: the KV pool is `kv_cache_space_gib` per worker and threads `num_threads`."""
+    from oracle.models import memory
+
+    args = cfg.options.get("engine_args") or {}
+    if "gpu_memory_utilization" in args or memory.gpus_free() is None:
+        return cfg
+    args = {**args, "gpu_memory_utilization": SHARED_GPU_MEMORY_UTILIZATION}
+    return cfg.model_copy(update={"options": {**cfg.options, "engine_args": args}})
+
+
+def _vllm_starts_together(cfg: EngineConfig) -> bool:
+    """On a CPU: the two starts share nothing but the cores. On a GPU vLLM measures the free memory while it
+    starts, and would count the other start's allocations as its own."""
+    from oracle.models import memory
+
+    return memory.gpus_free() is None
+
+
+def _openai_starts_apart(cfg: EngineConfig) -> bool:
+    """Each mode starts a server of its own (`command`): two processes, nothing shared."""
+    return bool(cfg.options_as(OpenAIOptions).command) and not _openai_shared_server(cfg)
+
+
 def _native_model(cfg: EngineConfig, facts: ModelFacts) -> None:
     from oracle.engine_options import NativeOptions
     from oracle.models.architectures import native_architecture
@@ -325,13 +371,14 @@ BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
                install=VLLM_INSTALL,
                start_work="worker start and handshake", own_start_timeout=_vllm_start_timeout,
                code_options=_vllm_code_options, declare_posture=posture.declare_vllm, example="vllm-cpu",
-               fits=_fits_vllm, uses_device=False),
+               fits=_fits_vllm, uses_device=False, starts_apart=_always, beside=_vllm_beside,
+               starts_together=_vllm_starts_together),
     EngineKind("openai", _builtin("oracle.engines.openai_engine:OpenAIEngine"), OPTIONS["openai"], packages=("httpx",),
                install=OPENAI_INSTALL, runs_weights=False, start_work="server start and first probe",
                own_start_timeout=_openai_start_timeout, code_options=_process_options,
                shared_server=_openai_shared_server, declare_posture=posture.declare_openai, example="server",
                instance=_openai_instance, config_packages=_openai_server_packages,
-               server_url=_option_urls("base_url"), uses_device=False,
+               server_url=_option_urls("base_url"), uses_device=False, starts_apart=_openai_starts_apart,
                prefix_cache_hint=" (a server says so in usage.prompt_tokens_details.cached_tokens: vLLM with "
                                  "--enable-prompt-tokens-details, SGLang with --enable-cache-report)"),
 )}
@@ -344,7 +391,8 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     """The row of an engine class (a `module:Class` kind, or a class an entry point names): built as
     `Class(model=..., mode=..., **custom_engine_kwargs)`; the rest from its optional class attributes
     (`needs_weights`, `code_loading_options`, `start_work`, `server_options`: the options that hold the URL of
-    a server it sends requests to) and the defaults."""
+    a server it sends requests to, `starts_apart`: True where each mode's engine lives in processes of its own, so
+    one may start while the other runs; `starts_together`: also while the other starts) and the defaults."""
     from oracle.engines.contract import class_needs_weights
 
     declared = getattr(cls, "code_loading_options", ())
@@ -361,9 +409,12 @@ def class_row(name: str, cls: Any, *, user_code: bool = False) -> EngineKind:
     start_work = getattr(cls, "start_work", None)
     servers = getattr(cls, "server_options", ())
     server_url = _option_urls(*(str(o) for o in servers)) if isinstance(servers, (list, tuple)) else _sends_nowhere
+    apart = getattr(cls, "starts_apart", False) is True
     return EngineKind(name, build, runs_weights=class_needs_weights(cls), code_options=code_options,
                       start_work=start_work if isinstance(start_work, str) else f"{name}'s constructor",
-                      user_code=user_code, declare_posture=posture.declare_stated(cls), server_url=server_url)
+                      user_code=user_code, declare_posture=posture.declare_stated(cls), server_url=server_url,
+                      starts_apart=_always if apart else _never,
+                      starts_together=_always if apart and getattr(cls, "starts_together", False) is True else _never)
 
 
 # --- lookup -----------------------------------------------------------------------------------------------------

@@ -244,6 +244,8 @@ class VllmEngine:
             "torch_threads": info.get("torch_threads"),
             "worker_env": info.get("env", {}),
         }
+        if "gpu_memory_utilization" in s.engine_args:  # set by the user, or halved beside the other mode's engine
+            out["gpu_memory_utilization"] = s.engine_args["gpu_memory_utilization"]
         if "posture" in info:
             out["posture"] = {**info["posture"], "engine_version": info.get("engine_version"),
                               "invariance_mechanism": out["invariance_mechanism"]}

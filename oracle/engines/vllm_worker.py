@@ -408,6 +408,13 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     # Run from the importable module, not `__main__`: the pickled WorkerSpec names that module.
+    import os
+
     from oracle.engines.vllm_worker import main as _main
 
-    sys.exit(_main(sys.argv[1:]))
+    code = _main(sys.argv[1:])
+    # vLLM's engine is shut down by now; the interpreter's teardown of torch and vLLM (seconds, on the
+    # critical path of every close) has nothing left to release that the process's end does not.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
