@@ -102,13 +102,14 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     _warn_before_start(plan, db, observer)
     results: dict[Mode, ModeResult] = {}
 
+    def work() -> None:
+        _run_modes(plan, observer, OpLocalizer(out_dir / "repro"), results, report)
+
     def conclude() -> None:
         _conclude(plan, results, report, db, observer, out_dir)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
 
-    return finish_run(plan, results, report, lambda: _run_modes(plan, observer, OpLocalizer(out_dir / "repro"),
-                                                                 results, report),
-                      conclude, writer, views if views else writer.views, t0)
+    return finish_run(plan, results, report, work, conclude, writer, views if views else writer.views, t0)
 
 
 def _plan(config: Config, seed: int | None, example_db: Path | None,
