@@ -196,7 +196,7 @@ class ScheduleConfig(Strict):
     repeat_trials: int = Field(10, ge=0, le=MAX_TRIALS, description="trials run twice per mode for repeatability")
     shrink: bool = Field(True, description="shrink the first failing invariance trial to the smallest one that still fails")
     max_shrink_runs: int = Field(200, ge=0, le=MAX_TRIALS, description="engine runs spent shrinking at most")
-    search: SearchConfig = Field(default_factory=SearchConfig,  # type: ignore[arg-type]
+    search: SearchConfig = Field(default_factory=SearchConfig,
                                  description="guided search after the schedule: {trials: N}")
     probes: list[ProbeName] | Literal["auto", "all", "none"] = Field(
         "auto",
@@ -246,11 +246,11 @@ class Config(Strict):
                                    "or a Hugging Face hub id org/name (fetched into the hub cache)")
     model_revision: str | None = Field(None, description="hub ids: branch, tag or commit (default branch when absent)")
     model_seed: int = Field(0, ge=0, le=MAX_SEED, description="weights seed for preset models")
-    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     prompts: PromptsConfig
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)  # type: ignore[arg-type]
-    checks: ChecksConfig = Field(default_factory=ChecksConfig)  # type: ignore[arg-type]
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
     report_dir: str = Field("oracle-report", description="report folder, relative to the working directory")
     hazards: str | None = Field(None, description="a YAML file of your own known hazards (the format of "
                                 "oracle/posture/hazards.yaml, docs/hazards.md), added to the built-in ones")
@@ -298,7 +298,7 @@ class Config(Strict):
         (oracle.redaction); the values found are added to `secrets`."""
         from oracle.redaction import redact_tree
 
-        return redact_tree(self.model_dump(mode="json"), secrets)  # type: ignore[no-any-return]
+        return redact_tree(self.model_dump(mode="json"), secrets)
 
     def digest(self) -> str:
         """sha256 of the resolved config, canonical JSON (sorted keys).

@@ -93,7 +93,7 @@ class SamplingVariant(Strict):
 
 
 def _default_variants() -> list[SamplingVariant]:
-    return [SamplingVariant(), SamplingVariant(top_p=0.9), SamplingVariant(top_k=8)]  # type: ignore[call-arg]
+    return [SamplingVariant(), SamplingVariant(top_p=0.9), SamplingVariant(top_k=8)]
 
 
 class SeededSamplingConfig(CheckConfig):
@@ -144,14 +144,14 @@ class GoldenConfig(CheckConfig):
 
 
 class ChecksConfig(Strict):
-    invariance: InvarianceConfig = Field(default_factory=InvarianceConfig)  # type: ignore[arg-type]
-    repeatability: CheckConfig = Field(default_factory=CheckConfig)  # type: ignore[arg-type]
-    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)  # type: ignore[arg-type]
-    drift: DriftConfig = Field(default_factory=DriftConfig)  # type: ignore[arg-type]
-    negative_control: NegativeControlConfig = Field(default_factory=NegativeControlConfig)  # type: ignore[arg-type]
-    prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)  # type: ignore[arg-type]
-    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)  # type: ignore[arg-type]
-    golden: GoldenConfig = Field(default_factory=GoldenConfig)  # type: ignore[arg-type]
-    seeded_sampling: SeededSamplingConfig = Field(default_factory=SeededSamplingConfig)  # type: ignore[arg-type]
-    cross_instance: CrossInstanceConfig = Field(default_factory=CrossInstanceConfig)  # type: ignore[arg-type]
-    tp_parity: TpParityConfig = Field(default_factory=TpParityConfig)  # type: ignore[arg-type]
+    invariance: InvarianceConfig = Field(default_factory=InvarianceConfig)
+    repeatability: CheckConfig = Field(default_factory=CheckConfig)
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    negative_control: NegativeControlConfig = Field(default_factory=NegativeControlConfig)
+    prefill_decode: PrefillDecodeConfig = Field(default_factory=PrefillDecodeConfig)
+    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
+    golden: GoldenConfig = Field(default_factory=GoldenConfig)
+    seeded_sampling: SeededSamplingConfig = Field(default_factory=SeededSamplingConfig)
+    cross_instance: CrossInstanceConfig = Field(default_factory=CrossInstanceConfig)
+    tp_parity: TpParityConfig = Field(default_factory=TpParityConfig)

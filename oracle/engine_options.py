@@ -58,6 +58,10 @@ class VllmOptions(_Strict):
     start_timeout_s: float = Field(300.0, gt=0, description="seconds a worker may take to start")
     timeout_s: float = Field(600.0, gt=0, description="seconds one generate call may take")
     log_level: str = Field("WARNING", description="vLLM's logging level in the worker")
+
+    def mode_env(self, mode: str) -> dict[str, str]:
+        """What a mode adds to the worker's environment: vLLM's own invariant mode is turned on by a variable."""
+        return {"VLLM_BATCH_INVARIANT": "1"} if mode == "invariant" and self.invariance == "vllm" else {}
     engine_args: dict[str, Any] = Field(default_factory=dict, description="extra vllm.EngineArgs fields")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the worker")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM's tensor-parallel ranks (one process each)")

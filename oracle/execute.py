@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,6 +46,9 @@ from oracle.plan import Plan, phase_of, solo_request, trial_requests
 from oracle.schedule import Trial
 from oracle.search import SearchOutcome
 from oracle.shrink import ShrinkResult, shrink
+
+if TYPE_CHECKING:
+    from oracle.shards.assign import Shard
 from oracle.timings import PhaseClock
 
 # Failing invariant trials run again (and their targets alone again) before the batch is blamed for them.
@@ -144,9 +147,11 @@ class ModeExecution:
 
     def __init__(self, plan: Plan, mode: Mode, observer: Observer, build: Callable[[Mode], Engine],
                  localizer: Localizer | None = None, build_second: Callable[[Mode], Engine] | None = None, *,
-                 check_runs: Mapping[str, CheckRun]) -> None:
-        """`check_runs`: the enabled checks' own runs by check name (`oracle.judge.check_runs`), in order."""
+                 check_runs: Mapping[str, CheckRun], shard: Shard | None = None) -> None:
+        """`check_runs`: the enabled checks' own runs by check name (`oracle.judge.check_runs`), in order.
+        `shard`: the slice of the schedule the plan's trials are (`oracle run --shard`), None unsharded."""
         self.plan, self.mode, self.observer, self.build, self.localizer = plan, mode, observer, build, localizer
+        self.shard = shard
         # The cross_instance check's second engine of this mode (the same builder when not given).
         self.build_second = build_second or build
         self.checks: dict[str, Any] = {}
@@ -218,7 +223,7 @@ class ModeExecution:
     @property
     def per_target(self) -> bool:
         """A shard other than 0 leaves the per-target checks to shard 0; shards leave shrinking to the merge."""
-        return self.plan.shard is None or self.plan.shard.runs_per_target_checks
+        return self.shard is None or self.shard.runs_per_target_checks
 
     @property
     def _judges_invariance(self) -> bool:
@@ -227,7 +232,7 @@ class ModeExecution:
 
     def run(self) -> None:
         plan = self.plan
-        to_repeat = repeated_trials(plan)
+        to_repeat = repeated_trials(plan, self.shard)
         units = sum(r.units(self.contexts[name]) for name, r in self.check_runs.items() if not r.after_close)
         replayed = plan.replayed if self._judges_invariance else ()  # failing trials of earlier runs, first
         self.observer.phase(self.mode, len(plan.targets) + len(replayed) + len(plan.trials) + len(to_repeat)
@@ -298,11 +303,11 @@ class ModeExecution:
     def _localize_failures(self) -> None:
         """Invariant mode shrinks and localizes its first failure; production localizes drift (unsharded)."""
         checks = self.plan.config.checks
-        if self._judges_invariance and self.plan.shard is None:
+        if self._judges_invariance and self.shard is None:
             self.shrink_and_localize()
         if self.mode == "invariant" or checks.drift.requirement == "off" or checks.drift.localize == "off":
             return
-        if self.plan.shard is None:
+        if self.shard is None:
             self.localize_drift()
         else:  # the merge localizes invariance only: the map says why its trials name no op
             self.localize_notes.append("localize: a shard does not localize drift (run unsharded, or "
@@ -316,7 +321,7 @@ class ModeExecution:
 
     def _next_id(self) -> int:
         ran = [*self.plan.replayed, *self.plan.trials, *self.search_trials, *self.shrink_trials]
-        after = self.plan.shard.schedule_size if self.plan.shard is not None else 0  # a shard's ids: the schedule's
+        after = self.shard.schedule_size if self.shard is not None else 0  # a shard's ids: the schedule's
         return max(after, max((t.trial_id for t in ran), default=-1) + 1)
 
     def _search(self) -> None:
@@ -345,8 +350,8 @@ class ModeExecution:
 
     def shrink_and_localize(self) -> None:
         """Run the first failing trials again (`recheck`), shrink the first that reproduced and localize the
-        first failing trial (and the smallest), timed as `recheck`, `shrink` and `localize`. `oracle merge`
-        calls this on an engine of its own with every shard's results filled in."""
+        first failing trial (and the smallest), timed as `recheck`, `shrink` and `localize` (`oracle merge`
+        through `shrink_merged`)."""
         failing = self._failing()
         if failing:
             with self.clock.phase("recheck"):
@@ -478,11 +483,38 @@ class ModeExecution:
             engine.close()
             self.observer.done()
 
-def repeated_trials(plan: Plan) -> tuple[Trial, ...]:
+def repeated_trials(plan: Plan, shard: Shard | None = None) -> tuple[Trial, ...]:
     """The trials run twice: the schedule's first `repeat_trials` (a shard: those of them it holds)."""
-    if plan.shard is not None:
-        return tuple(t for t in plan.trials if t.trial_id in plan.shard.repeat_ids)
+    if shard is not None:
+        return tuple(t for t in plan.trials if t.trial_id in shard.repeat_ids)
     return plan.trials[: min(plan.config.schedule.repeat_trials, len(plan.trials))]
+
+
+def shrink_merged(plan: Plan, inv: ModeResult, observer: Observer, build: Callable[[Mode], Engine],
+                  localizer: Localizer, timings: MutableMapping[str, float]) -> ModeResult:
+    """`oracle merge`: the unsharded run's shrink and localization of its first failing trial, on an invariant
+    engine started here. `inv`: every shard's invariant results laid side by side; returned with the shrinker's
+    trials and result and the ops localized added. Each phase's seconds go into `timings`, also when the engine
+    fails (the error is then raised and `inv` stays as it was)."""
+    # Shrinking and localizing only: the checks' own runs were shard 0's.
+    execution = ModeExecution(plan, "invariant", observer, build, localizer, check_runs={})
+    execution.solo.update(inv.solo)
+    execution.trials.update(inv.trials)
+    execution.repeats.update(inv.repeats)
+    try:
+        with execution.clock.phase("engine_start"):
+            execution.engine = execution.build("invariant")
+            execution.describe = execution.engine.describe()
+        try:
+            execution.shrink_and_localize()
+        finally:
+            execution.engine.close()
+    finally:
+        timings.update(execution.clock.seconds)
+    done = execution.result()
+    return replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
+                   reruns=done.reruns, solo_again=done.solo_again, localized={**done.localized, **inv.localized},
+                   localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
 
 
 class _Context:
@@ -510,6 +542,11 @@ class _Context:
     @property
     def per_target(self) -> bool:
         return self._ex.per_target
+
+    @property
+    def schedule(self) -> Sequence[Trial]:
+        shard = self._ex.shard
+        return shard.schedule if shard is not None else self._ex.plan.trials
 
     def _engine(self) -> Engine:
         assert self._ex.engine is not None

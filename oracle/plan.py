@@ -44,6 +44,8 @@ class Plan:
     unformed_probes: tuple[tuple[str, str], ...] = ()
     # The engine kind's row, resolved once when the run is planned (`oracle.engines.resolve_engine`).
     engine_kind: EngineKind | None = None
+    # The golden file's contents (oracle.golden), read once when the run is planned; None with the check off.
+    golden: dict[str, Any] | None = None
 
     @property
     def model_dir(self) -> Path:
@@ -104,8 +106,7 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     seed = draw_seed(config, seed)
     engine = resolve_engine(config.engine)  # the engine's row, once for the run
     check_prompts(config)
-    if config.checks.golden.requirement != "off":
-        read_golden(golden_path(config))  # type: ignore[arg-type]
+    golden = read_golden(golden_path(config)) if config.checks.golden.requirement != "off" else None  # type: ignore[arg-type]
     model = resolve_model(config, engine)
     targets = tuple(load_targets(config, model))
     check_context(config, model, targets)
@@ -117,7 +118,17 @@ def plan_run(config: Config, seed: int | None = None) -> Plan:
     targets, trials = targets + probes.targets, trials + probes.trials
     check_model_size(config.engine, model, kv_tokens(config, targets, trials), row=engine)
     return Plan(config, model, targets, trials, seed, vocab, hazards=hazards, unformed_probes=probes.unformed,
-                engine_kind=engine)
+                engine_kind=engine, golden=golden)
+
+
+def merged_plan(config: Config, model: ModelFacts, targets: Sequence[Target], trials: Sequence[Trial],
+                seed: int) -> Plan:
+    """The plan `oracle merge` judges by: the shards' config, targets and whole schedule, the model's facts as
+    the shards read them; no engine resolved and no tokenizer or weights read (a passing merge needs neither)."""
+    from oracle.golden import golden_path, read_golden
+
+    golden = read_golden(golden_path(config)) if config.checks.golden.requirement != "off" else None  # type: ignore[arg-type]
+    return Plan(config, model, tuple(targets), tuple(trials), seed, 0, golden=golden)
 
 
 def hazard_inputs(config: Config, model: ModelFacts) -> tuple[dict[str, Any], dict[str, Any]]:

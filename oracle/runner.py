@@ -104,21 +104,15 @@ def run(config: Config, *, seed: int | None = None, observer: Observer | None = 
     writer = writer or ReportWriter(out_dir, views)
     _warn_before_start(plan, db, observer)
     results: dict[Mode, ModeResult] = {}
-    try:
+
+    def work() -> None:
         _run_modes(plan, observer, OpLocalizer(out_dir / "repro"), results, report)
-        report.complete = True
-    except EngineError as e:
-        report.set_error(str(e))
-    except BaseException as e:  # a signal, a model error while loading, sys.exit(): recorded, then raised
-        report.mark_stopped(e)
-        raise
-    finally:
-        # Judge what completed, so an engine failure or a signal still leaves a useful report.
+
+    def conclude() -> None:
         _conclude(plan, results, report, db, observer, out_dir)
         report.timings["total_s"] = round(time.perf_counter() - t0, 3)
-        # the views' formats, then report.json, signals held meanwhile
-        writer.final(report, timed_views(views if views else writer.views, report, t0))
-    return report
+
+    return finish_run(plan, results, report, work, conclude, writer, views if views else writer.views, t0)
 
 
 def _plan(config: Config, seed: int | None, example_db: Path | None,
@@ -176,7 +170,7 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
         for i, mode in enumerate(modes):
             own = build if early is None else early.first(build) if i == 0 else early.take
             execution = ModeExecution(plan, mode, observer, own, localizer, engine_builder(plan, 1, beside),
-                                      check_runs=check_runs(plan.config))
+                                      check_runs=check_runs(plan.config), shard=plan.shard)
             try:
                 execution.run()
             finally:
@@ -191,12 +185,32 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
             report.timings.update(early.timings())
 
 
+def finish_run(plan: Plan, results: dict[Mode, ModeResult], report: Report, work: Callable[[], None],
+               conclude: Callable[[], None], writer: ReportWriter, views: Sequence[View], t0: float) -> Report:
+    """The end of every run, `oracle merge`'s included: `work` (the engines' part, filling `results`), then,
+    also when it failed or was stopped, judge what completed (`finish`, timed as `judge_s`), `conclude` (the
+    caller's own records) and the views' formats and report.json through the run's `writer`. An engine error is
+    kept in the report (exit 3); a signal, a model error while loading or sys.exit() is recorded, then raised."""
+    try:
+        work()
+        report.complete = True
+    except EngineError as e:
+        report.set_error(str(e))
+    except BaseException as e:
+        report.mark_stopped(e)
+        raise
+    finally:
+        t_judge = time.perf_counter()
+        finish(plan, results, report)
+        report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
+        conclude()
+        writer.final(report, timed_views(views, report, t0))  # signals held while the files are written
+    return report
+
+
 def _conclude(plan: Plan, results: dict[Mode, ModeResult], report: Report, db: Any, observer: Observer,
               out_dir: Path) -> None:
-    """Judge what completed, update the example database and save a shard's results."""
-    t_judge = time.perf_counter()
-    finish(plan, results, report)
-    report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
+    """After judging: update the example database and save a shard's results."""
     if db is not None:
         said = len(db.warnings)
         update_db(db, plan, results.get("invariant"), report)
@@ -227,8 +241,6 @@ def timed_views(views: Sequence[View], report: Report, t0: float) -> list[View]:
 
 def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     """Fill the report from the frozen results: environment, every trial run, verdicts, coverage."""
-    from oracle.golden import golden_path, read_golden
-
     report.environment["engines"] = {m: dict(r.engine) for m, r in results.items()}
     if report.environment["engines"]:
         from oracle.posture import report_posture
@@ -240,9 +252,7 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     if search is not None:
         report.search = search
     report.schedule = [TrialRecord.model_validate(t.to_json()) for t in trials.values()]
-    golden = None
-    if plan.config.checks.golden.requirement != "off" and inv is not None:
-        golden = read_golden(golden_path(plan.config))  # type: ignore[arg-type]
+    golden = plan.golden if inv is not None else None  # read when the run was planned
     match_posture_hazards(plan, report)
     if (differs := plan.model.layout.prefill_decode_differs()) is not None:
         report.environment["prefill_decode_not_applicable"] = differs  # the model's layers: read by its check

@@ -124,6 +124,9 @@ class CheckContext(Protocol):
     @property
     def per_target(self) -> bool: ...  # False in a shard other than 0 (which leaves per-target checks to 0)
 
+    @property
+    def schedule(self) -> Sequence[Trial]: ...  # the whole schedule's trials, also in a shard (of which it runs a slice)
+
     def can_reset_prefix_cache(self) -> bool: ...
 
     def reset_prefix_cache(self) -> None: ...

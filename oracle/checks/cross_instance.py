@@ -19,10 +19,9 @@ from oracle.schedule import Trial
 
 def _run(context: CheckContext) -> None:
     """Start the mode's engine again, separately, and run every reference and the first trials on it."""
-    plan = context.plan
     # The schedule's first trials, also in a shard (whose `trials` are its slice), as unsharded.
-    schedule = plan.shard.schedule if plan.shard is not None else plan.trials
-    n = min(plan.config.checks.cross_instance.trials, len(schedule))
+    schedule = context.schedule
+    n = min(context.plan.config.checks.cross_instance.trials, len(schedule))
     context.run_again(f"{context.mode} (second instance)", context.build_second, schedule[:n], context.keep)
 
 

@@ -15,7 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from oracle.report_sections import UNKNOWN, HazardRecord, ModePosture, PostureRecord
@@ -113,8 +113,9 @@ def posture_of(described: dict[str, Any]) -> dict[str, Any]:
     described = {str(k): v for k, v in described.items()}
     own = described.get("posture")
     out = {key: _READERS.get(key, _setting)(_described(key, described, own)) for key in FIELDS}
-    if out["engine"] == "native":
-        _fill_native(out, described)
+    from_code = FROM_CODE.get(out["engine"])
+    if from_code is not None:
+        from_code(out, described)
     if out["env"] == UNKNOWN:
         out["env"] = _env(described.get("worker_env"))
     return out
@@ -137,6 +138,12 @@ def _fill_native(out: dict[str, Any], described: dict[str, Any]) -> None:
     )
     if out["env"] == UNKNOWN:
         out["env"] = {k: os.environ[k] for k in POSTURE_ENV if k in os.environ}
+
+
+# Engines whose posture follows from oracle's own code, by the name an engine gives itself (`describe()["engine"]`,
+# or a class's stated `posture`): the filler completes what the description leaves out. A user's class that calls
+# itself so (a planted fault in our engine) is filled alike.
+FROM_CODE: Mapping[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {"native": _fill_native}
 
 
 def posture_digest(postures: dict[str, dict[str, Any]]) -> str:
@@ -173,8 +180,7 @@ def declare_vllm(engine: Any, mode: str, out: dict[str, Any], env: dict[str, str
     env.update(vllm.env)
     args: dict[str, Any] = dict(vllm.engine_args)
     invariance = vllm.invariance
-    if mode == "invariant" and invariance == "vllm":
-        env["VLLM_BATCH_INVARIANT"] = "1"
+    env.update(vllm.mode_env(mode))
     # engine_args are vLLM's to check: a value of the wrong type reads "unknown" here, and vLLM refuses it.
     tp = _int_setting(args.get("tensor_parallel_size"), vllm.tensor_parallel_size)
     import torch  # the parent has it loaded already (environment); vLLM runs on CUDA when there is one
@@ -245,9 +251,10 @@ def declare_stated(cls: Any) -> Any:
                     **({k: v for k, v in per_mode.items() if k in FIELDS} if isinstance(per_mode, dict) else {})})
         if out["device"] == UNKNOWN:
             out["device"] = engine.device  # the config's engine.device, which the engine is given
-        if out.get("engine") == "native":
-            _fill_native(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
-                               "device": out["device"]})
+        from_code = FROM_CODE.get(str(out.get("engine")))
+        if from_code is not None:
+            from_code(out, {"invariance_mechanism": "oracle_kernels" if mode == "invariant" else "none",
+                            "device": out["device"]})
 
     return declare
 

@@ -6,7 +6,7 @@ the lower index), by an estimate of each trial's cost: the tokens its sequences 
 generated tokens) times the passes it is run (twice when it is repeated). The deal is a function of
 the schedule alone, so every shard and `oracle merge` compute the same one.
 
-What a shard runs (`oracle.plan.slice_plan` cuts the plan; oracle.execute reads `Plan.shard`):
+What a shard runs (`oracle.plan.slice_plan` cuts the plan; the runner hands the slice to oracle.execute):
 - both modes' solo references of every target (each shard compares its trials against them; merge
   checks that every shard's references are bitwise the same);
 - its trials, and the repeats of those of its trials the whole run repeats (the schedule's first

@@ -6,7 +6,7 @@ missing, twice, partial (its run stopped, its results file damaged or short of t
 run (oracle version, seed, config digest, shard count, schedule or targets differ), or whose solo
 references are not bitwise the other shards' (engines that disagree: run every shard on one kind
 of machine). It then lays the shards' results side by side as one run's and judges them with the
-same functions as `oracle run` (runner.finish): checks, verdicts, divergences and coverage are the
+same functions as `oracle run` (runner.finish_run): checks, verdicts, divergences and coverage are the
 unsharded run's, because they are computed from the same outputs.
 
 Shrinking and localization run here, once, for the run's first failing trial, on an invariant
@@ -31,14 +31,14 @@ from typing import Any
 from oracle.compare import first_divergence
 from oracle.config import Config, parse_config
 from oracle.engines.contract import Completion, Mode
-from oracle.errors import ConfigError, EngineError
+from oracle.errors import ConfigError
 from oracle.execute import ModeResult
 from oracle.observer import Observer
-from oracle.plan import Plan
+from oracle.plan import Plan, merged_plan
 from oracle.render.files import ReportWriter
 from oracle.report import Report, load_report
 from oracle.report_sections import MergedShard, MergedShards, ShardSlice
-from oracle.runner import View, finish, timed_views
+from oracle.runner import View, finish_run
 from oracle.schedule import Trial
 from oracle.shards.assign import assign
 from oracle.shards.results import ShardResults, load_results
@@ -220,36 +220,19 @@ def _rerun_plan(report: Report, path: Path, schedule: Sequence[Trial], trusted: 
 
 def _shrink_and_localize(report: Report, path: Path, inv: ModeResult, schedule: Sequence[Trial],
                          observer: Observer, out_dir: Path, trusted: bool) -> ModeResult:
-    """The unsharded run's shrink and localization of its first failing trial, on an invariant engine of our
-    own; `inv` unchanged when no trial failed or neither is enabled."""
-    from oracle.execute import ModeExecution
+    """The unsharded run's shrink and localization of its first failing trial (oracle.execute.shrink_merged), on
+    an invariant engine of our own; `inv` unchanged when no trial failed or neither is enabled."""
+    from oracle.execute import shrink_merged
     from oracle.runner import OpLocalizer, engine_builder
 
     if not _wants_engine(_config_of(report, path), inv, schedule):
         return inv
     plan = _rerun_plan(report, path, schedule, trusted)
-    # Shrinking and localizing only: the checks' own runs were shard 0's.
-    execution = ModeExecution(plan, "invariant", observer, engine_builder(plan), OpLocalizer(out_dir / "repro"),
-                              check_runs={})
-    execution.solo.update(inv.solo)
-    execution.trials.update(inv.trials)
-    execution.repeats.update(inv.repeats)
+    spent: dict[str, float] = {}
     try:
-        with execution.clock.phase("engine_start"):
-            execution.engine = execution.build("invariant")
-            execution.describe = execution.engine.describe()
-        try:
-            execution.shrink_and_localize()
-        finally:
-            execution.engine.close()
+        return shrink_merged(plan, inv, observer, engine_builder(plan), OpLocalizer(out_dir / "repro"), spent)
     finally:
-        done = execution.result()
-        inv = replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
-                      reruns=done.reruns, solo_again=done.solo_again,
-                      localized={**done.localized, **inv.localized},
-                      localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
-        report.timings.update({f"merge_{k}_s": round(v, 3) for k, v in done.timings.items()})
-    return inv
+        report.timings.update({f"merge_{k}_s": round(v, 3) for k, v in spent.items()})
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -269,24 +252,22 @@ def _check_out_dir(out_dir: Path) -> None:
         raise ConfigError(f"--report-dir: cannot create the report folder {out_dir} ({parent}: permission denied)")
 
 
-def _replace_earlier_report(out_dir: Path, folders: Sequence[Path], e: BaseException) -> None:
-    """A merge refused before it judged anything: an earlier merge's report in `out_dir` must not read as
-    this merge's, so it is replaced by one that says why this merge stopped (exit 2, or 130/143)."""
+def _replace_earlier_report(writer: ReportWriter, folders: Sequence[Path], e: BaseException) -> None:
+    """A merge refused before it judged anything: an earlier merge's report in the writer's folder must not read
+    as this merge's, so the writer replaces it by one that says why this merge stopped (exit 2, or 130/143)."""
     import hashlib
 
     from oracle import __version__
     from oracle.lifecycle.run_guard import light_environment
-    from oracle.render.files import write_report
 
-    if not (out_dir / "report.json").exists():
+    if not writer.path.exists():
         return
     sources = [str(f) for f in folders]
     report = Report(oracle_version=__version__, seed=0, config={"merge": sources},
                     config_digest=hashlib.sha256("\0".join(sources).encode()).hexdigest(),
                     environment=light_environment())
-    report.mark_stopped(e)
     try:
-        write_report(report, out_dir)
+        writer.stopped(report, e)
     except OSError:
         return
 
@@ -309,7 +290,7 @@ class _Shards:
                       key=lambda x: x[2].shard.index)
 
 
-def _read_shards(folders: Sequence[Path], out_dir: Path) -> _Shards:
+def _read_shards(folders: Sequence[Path], writer: ReportWriter) -> _Shards:
     """Every shard read and checked to be the whole of one run; a refusal replaces an earlier merge's report."""
     try:
         loaded = [_load(f) for f in folders]
@@ -321,7 +302,7 @@ def _read_shards(folders: Sequence[Path], out_dir: Path) -> _Shards:
             _whole(folder, config, s)
         _same_references(folders, [s for _, s in loaded])
     except (ConfigError, KeyboardInterrupt) as e:
-        _replace_earlier_report(out_dir, folders, e)
+        _replace_earlier_report(writer, folders, e)
         raise
     return _Shards(folders, loaded, path0, config)
 
@@ -353,20 +334,13 @@ def _summed_timings(reports: Sequence[Report]) -> dict[str, float]:
     return out
 
 
-def _judge_and_write(shards: _Shards, report: Report, results: dict[Mode, ModeResult], out_dir: Path,
-                     views: Sequence[View], t0: float) -> None:
-    """Judge the merged results as `oracle run` does (runner.finish) and write the report and its views."""
-    r0, s0 = shards.first
+def _judged_plan(shards: _Shards) -> Plan:
+    """The plan the merged results are judged by (as `oracle run` judges, oracle.runner.finish_run)."""
     from oracle.models.facts import read_model_facts
 
+    r0, s0 = shards.first
     model = read_model_facts(Path(str(r0.environment.get("model_dir", ""))))  # the known hazards read its facts
-    plan = Plan(shards.config, model, s0.targets, s0.shard.schedule, r0.seed, 0)
-    t_judge = time.perf_counter()
-    finish(plan, results, report)
-    report.timings["judge_s"] = round(time.perf_counter() - t_judge, 3)
-    report.environment["trials"] = len(s0.shard.schedule)
-    report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
-    ReportWriter(out_dir, views).final(report, timed_views(views, report, t0))
+    return merged_plan(shards.config, model, s0.targets, s0.shard.schedule, r0.seed)
 
 
 def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None = None,
@@ -385,21 +359,21 @@ def merge(folders: Sequence[Path], out_dir: Path, *, observer: Observer | None =
     from oracle.render.files import check_report_dir
 
     _check_out_dir(out_dir)  # a file, or a folder under a file: exit 2 before any shard is read, nothing made
-    shards = _read_shards(folders, out_dir)
+    writer = ReportWriter(out_dir)  # a refusal writes every format; the merged report, `views`
+    shards = _read_shards(folders, writer)
     check_report_dir(out_dir, "--report-dir")  # made only once the shards are known to be one run's
     report = _merged_report(shards)
     s0 = shards.first[1]
     results: dict[Mode, ModeResult] = {m: _combine(m, [s for _, s in shards.loaded]) for m in s0.modes}
-    try:
+    plan = _judged_plan(shards)
+
+    def shrink() -> None:
         if "invariant" in results:
             results["invariant"] = _shrink_and_localize(report, shards.path0, results["invariant"], s0.shard.schedule,
                                                         observer, out_dir, trusted)
-        report.complete = True
-    except EngineError as e:
-        report.set_error(str(e))
-    except BaseException as e:
-        report.mark_stopped(e)
-        raise
-    finally:
-        _judge_and_write(shards, report, results, out_dir, views, t0)
-    return report
+
+    def conclude() -> None:
+        report.environment["trials"] = len(s0.shard.schedule)
+        report.timings["merge_s"] = round(time.perf_counter() - t0, 3)
+
+    return finish_run(plan, results, report, shrink, conclude, writer, views, t0)

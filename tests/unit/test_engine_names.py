@@ -16,13 +16,9 @@ from oracle.engines.kinds import BUILTIN
 ROOT = Path(oracle.__file__).parent
 # An engine's own modules: the rows, the adapters and their options models.
 OWN = ("engines/", "engine_options.py")
-# Switches left where they are this round, each with why; the list may only shrink.
-LEFT = {
-    # posture readers: a described engine that calls itself native (ours, or a class stating its posture so) is
-    # filled from the code; vLLM's invariance option read for the declared posture. To move into the engines'
-    # rows with vLLM's light knowledge.
-    "posture/__init__.py": 3,
-}
+# Switches left outside an engine's own modules: none. A described engine whose posture follows from oracle's code
+# is filled by the name it gives itself (`oracle.posture.FROM_CODE`), vLLM's mode environment by its options model.
+LEFT: dict[str, int] = {}
 
 
 def _names(node: ast.AST) -> set[str]:
