@@ -209,8 +209,11 @@ def test_bad_report_given_to_the_action_helper(write: Callable[[Path], None], tm
     assert "verdict=error" in outputs.read_text()  # oracle said 0, but with no readable report it is no pass
 
 
-def test_a_seed_beyond_the_schedules_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_seed_beyond_the_schedules_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from oracle.cli import main
+
+    monkeypatch.chdir(tmp_path)  # a refused command line writes its exit-2 report where the run would have
 
     with pytest.raises(SystemExit) as e:
         main(["run", str(tmp_path / "c.yaml"), "--seed", str(10**23)])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from oracle.cli import main
@@ -61,7 +63,9 @@ def test_a_bad_set_is_a_usage_error_naming_the_flag(fake_model: object, tmp_path
     assert says in capsys.readouterr().err
 
 
-def test_a_set_without_a_field_name_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_set_without_a_field_name_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a refused command line writes its exit-2 report where the run would have
     with pytest.raises(SystemExit) as e:
         main(["run", "c.yaml", "--set", "not a field"])
     assert e.value.code == 2

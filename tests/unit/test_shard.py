@@ -123,7 +123,8 @@ def test_tiny_config_merged_equals_unsharded(tmp_path: Path, n: int) -> None:
         assert a[key] == b[key], key
 
 
-def test_shard_spec_is_checked() -> None:
+def test_shard_spec_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a refused command line writes its exit-2 report where the run would have
     assert parse_shard("2/7") == (2, 7) and parse_shard("0/1") == (0, 1)
     for bad in ("7/7", "1", "a/b", "-1/3", "0/0"):
         with pytest.raises(ConfigError, match="--shard"):
