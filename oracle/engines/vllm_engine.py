@@ -34,7 +34,6 @@ import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -66,20 +65,6 @@ INVARIANCE = {
 }
 _LOG_TAIL_LINES = 15
 _STOP_GRACE_S = 10.0  # a worker asked to close may take this long before it is terminated, then killed
-
-
-def _socket_timeouts(fd: int, timeout_s: float) -> None:
-    """Bound every blocking send and receive on socket `fd` by `timeout_s`: a worker that stops reading
-    mid-message (its buffer full) or stops writing mid-reply makes the call fail with EAGAIN, not hang."""
-    whole = int(max(0.0, timeout_s))
-    micros = max(int((timeout_s - whole) * 1e6), 0 if whole else 1000)  # a zero timeval would mean "wait forever"
-    value = struct.pack("ll", whole, micros)
-    sock = socket.socket(fileno=os.dup(fd))  # a second handle on the same socket; the option is the socket's
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-    finally:
-        sock.close()
 
 
 def _invariant_env(options: VllmOptions) -> dict[str, str]:
@@ -373,7 +358,7 @@ class _Worker:
     def send(self, msg: tuple[Any, ...], timeout_s: float) -> None:
         """Send `msg`; a worker that does not take it within `timeout_s` (alive but not reading) is killed."""
         with contextlib.suppress(OSError):
-            _socket_timeouts(self.conn.fileno(), timeout_s)
+            tether.socket_timeouts(self.conn.fileno(), timeout_s)
         try:
             self.conn.send(msg)
         except BlockingIOError as e:
@@ -408,7 +393,7 @@ class _Worker:
                 return None
             # A reply has begun: the rest of it must come within what is left.
             with contextlib.suppress(OSError):
-                _socket_timeouts(self.conn.fileno(), max(left, 1.0))
+                tether.socket_timeouts(self.conn.fileno(), max(left, 1.0))
             return self.conn.recv()
         except BlockingIOError as e:
             raise self._stuck(f"{what}: the reply stopped half-way", timeout_s) from e
@@ -454,7 +439,7 @@ class _Worker:
         """Ask the worker to exit; terminate, then kill, if it does not within a few seconds. Never blocks
         longer than that (a worker that no longer reads its socket cannot hold up the send) and never raises."""
         with contextlib.suppress(OSError, ValueError):
-            _socket_timeouts(self.conn.fileno(), 1.0)
+            tether.socket_timeouts(self.conn.fileno(), 1.0)
             self.conn.send(("close",))
         try:
             self.proc.wait(timeout=_STOP_GRACE_S)

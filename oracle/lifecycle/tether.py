@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -98,3 +100,17 @@ if __name__ == "__main__":
     except FileNotFoundError as e:
         print(f"oracle: cannot start {Path(str(e.filename)).name}: {e.strerror}", file=sys.stderr)
         sys.exit(127)
+
+
+def socket_timeouts(fd: int, timeout_s: float) -> None:
+    """Bound every blocking send and receive on socket `fd` by `timeout_s`: a worker that stops reading
+    mid-message (its buffer full) or stops writing mid-reply makes the call fail with EAGAIN, not hang."""
+    whole = int(max(0.0, timeout_s))
+    micros = max(int((timeout_s - whole) * 1e6), 0 if whole else 1000)  # a zero timeval would mean "wait forever"
+    value = struct.pack("ll", whole, micros)
+    sock = socket.socket(fileno=os.dup(fd))  # a second handle on the same socket; the option is the socket's
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    finally:
+        sock.close()
