@@ -166,6 +166,20 @@ def hazard_probes(runs: Runs, unformed: Sequence[tuple[str, str]] = ()) -> list[
     return [_hazard_record(runs, h) for h in _hazards(runs)]
 
 
+def _shrink_part(s: dict[str, Any] | None, shrunk: list[DivergenceRecord], recheck: dict[str, Any]) -> str:
+    """What the shrinker came to, for the failure message ("" when it did not run and nothing says why)."""
+    if s is None:
+        return ("not shrunk: no failing trial rechecked gave the same bits twice with a steady solo run"
+                if recheck.get("reproduced") == [] else "")
+    size = "minimal" if s["minimal"] else f"smallest found in {s['runs']} shrink runs"
+    if shrunk and shrunk[0].cause == "nondeterminism":
+        return f"shrinking reached trial {shrunk[0].trial_id}, which differs run to run: no minimal batch was found"
+    if shrunk:
+        return (f"shrunk to trial {shrunk[0].trial_id} of batch {len(shrunk[0].trial.fillers) + 1} "  # type: ignore[union-attr]
+                f"({size})")
+    return f"trial {s['start_trial']} did not shrink ({size})"
+
+
 def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRecord], n: int,
                      ev: dict[str, Any]) -> str:
     nondet = sum(r.cause == "nondeterminism" for r in failing)
@@ -187,19 +201,9 @@ def _failure_message(failing: list[DivergenceRecord], shrunk: list[DivergenceRec
     if sampler:
         parts.append(f"{sampler} of them the sampler's (another token sampled from bitwise equal logits), "
                      "not the model's")
-    s = ev.get("shrink")
-    if s is not None:
-        size = "minimal" if s["minimal"] else f"smallest found in {s['runs']} shrink runs"
-        if shrunk and shrunk[0].cause == "nondeterminism":
-            parts.append(f"shrinking reached trial {shrunk[0].trial_id}, which differs run to run: no minimal "
-                         "batch was found")
-        elif shrunk:
-            parts.append(f"shrunk to trial {shrunk[0].trial_id} of batch {len(shrunk[0].trial.fillers) + 1} "  # type: ignore[union-attr]
-                         f"({size})")
-        else:
-            parts.append(f"trial {s['start_trial']} did not shrink ({size})")
-    elif recheck.get("reproduced") == []:
-        parts.append("not shrunk: no failing trial rechecked gave the same bits twice with a steady solo run")
+    shrink_part = _shrink_part(ev.get("shrink"), shrunk, recheck)
+    if shrink_part:
+        parts.append(shrink_part)
     op = next((r.localized_op for r in [*shrunk, *failing] if r.localized_op is not None), None)
     if op is not None:
         parts.append(f"first diverging op: {op.summary()}")

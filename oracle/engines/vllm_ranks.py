@@ -218,10 +218,24 @@ def localize_in_ranks(engine: Any, expected: Any, actual: Any) -> LocalizedOp | 
                                         f"{type(err).__name__}: {err}")
 
 
+def _rerun_alone(engine: Any, state: dict[str, Any], spec: Any, call: Any,
+                 rank: int | None) -> tuple[list[dict[str, Any]], str | None]:
+    """Capture `spec` again up to `call` and re-run that op alone: in `rank`, or in every rank at once (None, a
+    communication op). Returns each rank's answer, or why it could not run (inputs not captured again)."""
+    from oracle.engines import vllm_ranks
+
+    _, answers = capture_all(engine, state, spec, (call.forward_pass, call.key))
+    missing = [a["rank"] for a in answers if not a["has_snapshot"] and (rank is None or a["rank"] == rank)]
+    if missing:
+        why = "; ".join(a["snapshot_note"] for a in answers if a["snapshot_note"])
+        return [], (f"the op's inputs were not captured again in rank{'s' if len(missing) > 1 else ''} "
+                    f"{', '.join(map(str, missing))}" + (f" ({why})" if why else ""))
+    return _by_rank(list(engine.engine.collective_rpc(vllm_ranks.rerun, args=(call.grid, call.kind, rank)))), None
+
+
 def _confirm(engine: Any, state: dict[str, Any], expected: Any, actual: Any, finding: Finding,
              rank: int) -> LocalizedOp:
     from oracle.capture.confirm import differing_quantities, verdict
-    from oracle.engines import vllm_ranks
 
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
     assert op is not None and a_call is not None
@@ -230,23 +244,16 @@ def _confirm(engine: Any, state: dict[str, Any], expected: Any, actual: Any, fin
     collective = op.op_class == COMMUNICATION
     where = f"rank {rank}, layer {op.layer}"
     results: list[dict[str, Any]] = []
+    size = 0
     for spec, call in ((expected, e_call), (actual, a_call)):
-        _, answers = capture_all(engine, state, spec, (call.forward_pass, call.key))
-        missing = [a["rank"] for a in answers if not a["has_snapshot"] and (collective or a["rank"] == rank)]
-        if missing:
-            why = "; ".join(a["snapshot_note"] for a in answers if a["snapshot_note"])
-            return replace(op, confirmation="not checked",
-                           confirm_note=f"{where}: the op's inputs were not captured again in "
-                                        f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-                                        + (f" ({why})" if why else ""))
-        ran = _by_rank(list(engine.engine.collective_rpc(
-            vllm_ranks.rerun, args=(call.grid, call.kind, None if collective else rank))))
+        ran, problem = _rerun_alone(engine, state, spec, call, None if collective else rank)
         mine = next((r for r in ran if r["rank"] == rank), None)
-        if mine is None or "error" in mine:
-            err = mine["error"] if mine is not None else "no answer"
-            return replace(op, confirmation="not checked", confirm_note=f"{where}: the op could not run alone: {err}")
+        if problem is None and (mine is None or "error" in mine):
+            problem = f"the op could not run alone: {mine['error'] if mine is not None else 'no answer'}"
+        if problem is not None or mine is None:
+            return replace(op, confirmation="not checked", confirm_note=f"{where}: {problem}")
         results.append(mine)
-    size = len(ran)
+        size = len(ran)
     tokens = [r["num_tokens"] for r in results]
     how = (f"the {op.op.split('.')[1]} alone in all {size} ranks at once, each on its own captured input, through "
            f"the group's communicator; {tokens[0]} and {tokens[1]} tokens" if collective
