@@ -219,6 +219,28 @@ def random_decoder(preset_name: str, dtype: str, device: str, seed: int = 0) -> 
     return Decoder(config, weights)
 
 
+def prepared_workload(command: str, name: str, num_seqs: int | None, preset: str | None,
+                      device: str | None) -> tuple[Workload, str, Any, list[Any], dict[str, Any]]:
+    """A named workload shrunk as asked (`preset`, `num_seqs`), its device, a decoder with random weights made
+    there, its requests and the report's `workload` row; `command` names the command in its errors."""
+    import torch
+
+    if name not in WORKLOADS:
+        raise ConfigError(f"{command} --workload: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    w = WORKLOADS[name]
+    if num_seqs is not None:
+        if num_seqs < 1:
+            raise ConfigError(f"{command} --sequences: must be >= 1, got {num_seqs}")
+        w = Workload(**{**asdict(w), "num_seqs": num_seqs})
+    if preset is not None:
+        w = Workload(**{**asdict(w), "preset": preset})
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    decoder = random_decoder(w.preset, w.dtype, device, w.seed)
+    row = {**asdict(w), "device": str(torch.cuda.get_device_name() if device == "cuda" else device),
+           "torch": torch.__version__}
+    return w, device, decoder, workload_requests(w, decoder.config.vocab_size), row
+
+
 def bench_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, rounds: int = 3, device: str | None = None,
     preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None,
@@ -230,23 +252,8 @@ def bench_workload(
     from oracle.engines.native import NativeEngine
 
     _check_rounds(warmup, rounds)
-    if name not in WORKLOADS:
-        raise ConfigError(f"bench --workload: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    w = WORKLOADS[name]
-    if num_seqs is not None:
-        if num_seqs < 1:
-            raise ConfigError(f"bench --sequences: must be >= 1, got {num_seqs}")
-        w = Workload(**{**asdict(w), "num_seqs": num_seqs})
-    if preset is not None:
-        w = Workload(**{**asdict(w), "preset": preset})
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    decoder = random_decoder(w.preset, w.dtype, device, w.seed)
-    requests = workload_requests(w, decoder.config.vocab_size)
-    rows: dict[str, Any] = {
-        "workload": {**asdict(w), "device": str(torch.cuda.get_device_name() if device == "cuda" else device),
-                     "torch": torch.__version__},
-        "warmup": warmup, "modes": {},
-    }
+    w, device, decoder, requests, workload_row = prepared_workload("bench", name, num_seqs, preset, device)
+    rows: dict[str, Any] = {"workload": workload_row, "warmup": warmup, "modes": {}}
     for mode in ("production", "invariant"):
         engine = NativeEngine(decoder, mode, EngineConfig.of(
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,

@@ -16,11 +16,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from oracle.bench import WORKLOADS, Workload, _write, random_decoder, workload_requests
+from oracle.bench import _write, prepared_workload
 from oracle.errors import ConfigError
 
 # First match wins; names lowercased. Rotary embedding, residual adds, silu * up and casts are plain
@@ -184,25 +183,10 @@ def profile_workload(
     from oracle.config import EngineConfig
     from oracle.engines.native import NativeEngine
 
-    if name not in WORKLOADS:
-        raise ConfigError(f"bench profile --workload: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     if warmup < 0:
         raise ConfigError(f"bench profile --warmup: must be >= 0, got {warmup}")
-    w = WORKLOADS[name]
-    if num_seqs is not None:
-        if num_seqs < 1:
-            raise ConfigError(f"bench profile --sequences: must be >= 1, got {num_seqs}")
-        w = Workload(**{**asdict(w), "num_seqs": num_seqs})
-    if preset is not None:
-        w = Workload(**{**asdict(w), "preset": preset})
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    decoder = random_decoder(w.preset, w.dtype, device, w.seed)
-    requests = workload_requests(w, decoder.config.vocab_size)
-    rows: dict[str, Any] = {
-        "workload": {**asdict(w), "device": str(torch.cuda.get_device_name() if device == "cuda" else device),
-                     "torch": torch.__version__},
-        "warmup": warmup, "modes": {},
-    }
+    w, device, decoder, requests, workload_row = prepared_workload("bench profile", name, num_seqs, preset, device)
+    rows: dict[str, Any] = {"workload": workload_row, "warmup": warmup, "modes": {}}
     for mode in modes:
         engine = NativeEngine(decoder, mode, EngineConfig.of(  # type: ignore[arg-type]
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
