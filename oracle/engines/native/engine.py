@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs
 from oracle.engines.native.parallel import Reducer
 from oracle.engines.native.profile import StepProfile
-from oracle.engines.native.sampler import SampledRows, request_generator, sample_rows
+from oracle.engines.native.sampler import SampledRows, queue_rows, request_generator
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
@@ -76,20 +77,29 @@ def pass_evidence(step: int, batch: list[ScheduledSeq], num_tokens: int) -> list
     kv_lens = [item.seq.num_computed_tokens + item.num_new_tokens for item in batch]
     prefill_tokens = sum(item.num_new_tokens for item in batch if item.is_prefill)
     shape: dict[str, Any] = {
+        "engine_step": step, "num_seqs": len(batch), "num_tokens": num_tokens,
         "num_prefill_tokens": prefill_tokens, "num_decode_tokens": num_tokens - prefill_tokens,
         "max_query_len": max(item.num_new_tokens for item in batch), "max_kv_len": max(kv_lens),
         "has_chunked": any(chunked),
         "has_cache_hit": any(item.is_prefill and item.seq.num_cached_tokens > 0 for item in batch),
     }
     return [
-        StepEvidence(
-            engine_step=step, num_seqs=len(batch), num_tokens=num_tokens, is_prefill=item.is_prefill,
-            chunked=chunked[i], num_cached_tokens=item.seq.num_cached_tokens,
-            token_index=item.seq.num_generated if item.completes else None,
-            seq_position=i, kv_len=kv_lens[i], **shape,
-        )
+        _evidence_of(shape, is_prefill=item.is_prefill, chunked=chunked[i], num_cached_tokens=item.seq.num_cached_tokens,
+                     token_index=len(item.seq.tokens) - item.seq.prompt_len if item.completes else None,
+                     seq_position=i, kv_len=kv_lens[i])
         for i, item in enumerate(batch)
     ]
+
+
+def _evidence_of(shape: dict[str, Any], **own: Any) -> StepEvidence:
+    """`StepEvidence(**shape, **own)` without the frozen dataclass's field-by-field `__init__` (a decode step
+    makes one per sequence, a thousand at a time): the instance's fields set in one dict. Every field is
+    given (`tests/unit/test_native_engine_host.py` checks it equals the constructor's)."""
+    evidence: StepEvidence = object.__new__(StepEvidence)
+    fields = evidence.__dict__
+    fields.update(shape)
+    fields.update(own)
+    return evidence
 
 
 class NativeEngine:
@@ -297,15 +307,18 @@ class NativeEngine:
         if profile is not None:
             profile.forward_end(self._forward_kind, began, len(batch), num_tokens)
             profile.phase("launch")
-        # Host work while the device computes.
+        done = [item.seq.index for item in batch if item.completes]
+        pending = queue_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
+                             before_copy=profile.sampled if profile is not None else None)
+        if profile is not None:
+            profile.phase("sample")
+        # Host work while the device computes the pass and samples it.
         self._evidence(step, batch, num_tokens, outs)
         if profile is not None:
             profile.phase("evidence")
-        done = [item.seq.index for item in batch if item.completes]
-        rows = sample_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
-                           before_copy=profile.sampled if profile is not None else None)
+        rows = pending.result()
         if profile is not None:
-            profile.phase("sample")
+            profile.phase("wait")
             profile.read_device_times()
         if clock is not None:
             self.forward_seconds += clock.seconds()
@@ -335,14 +348,16 @@ class NativeEngine:
             if graphs.bucket_for(len(batch)) is not None:
                 self._forward_kind = "decode_graph"
                 bs = self.block_size
-                positions = [item.seq.num_computed_tokens for item in batch]
-                return graphs.run(
-                    ids=[item.seq.tokens[p] for item, p in zip(batch, positions, strict=True)],
-                    positions=positions,
-                    slots=[item.seq.block_table[p // bs] * bs + p % bs for item, p in zip(batch, positions, strict=True)],
-                    seq_lens=[p + 1 for p in positions],
-                    tables=[item.seq.block_table for item in batch],
-                )
+                ids, positions, slots, tables = [], [], [], []
+                for item in batch:  # one pass over the batch: a decode step holds up to max_num_seqs
+                    seq = item.seq
+                    p = seq.num_computed_tokens
+                    ids.append(seq.tokens[p])
+                    positions.append(p)
+                    slots.append(seq.block_table[p // bs] * bs + p % bs)
+                    tables.append(seq.block_table)
+                return graphs.run(ids=ids, positions=positions, slots=slots, seq_lens=[p + 1 for p in positions],
+                                  tables=tables)
         return self.decoder.forward(self._prepare(batch), self._kv)
 
     def _sharded_forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
@@ -389,8 +404,8 @@ class NativeEngine:
         tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in batch]
         # One host-to-device copy: every index list end to end, split on the device.
         lengths = [len(ids), len(positions), len(slots), len(tables) * width, len(seq_lens), len(qsl), len(logits_idx)]
-        flat = torch.tensor(
-            [*ids, *positions, *slots, *(b for row in tables for b in row), *seq_lens, *qsl, *logits_idx],
+        flat = torch.frombuffer(
+            array("q", [*ids, *positions, *slots, *(b for row in tables for b in row), *seq_lens, *qsl, *logits_idx]),
             dtype=torch.int64,
         ).to(self.device)
         ids_t, pos_t, slots_t, tables_t, lens_t, qsl_t, idx_t = torch.split(flat, lengths)

@@ -6,8 +6,9 @@ sampling (CUDA events, read once the step's one host copy has waited for them). 
 
     schedule   the scheduler picks the batch (Python)
     launch     the step's inputs built and copied, and the forward pass launched (or a graph replayed)
-    evidence   the per-sequence evidence of the pass (Python, while the device computes)
-    sample     the sampling launched and its one device-to-host copy, which waits for the device
+    sample     the sampling launched and its one device-to-host copy queued (on the CPU: run)
+    evidence   the per-sequence evidence of the pass (Python, while the device computes and samples)
+    wait       the host waits for that copy (CUDA: the device's pass and sampling still running)
     record     tokens appended to the completions and the scheduler updated (Python)
 
 Forward passes are of three kinds: `prefill` (the batch holds prefill tokens, eager), `decode_graph`
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 FORWARD_KINDS = ("prefill", "decode_graph", "decode_eager")
-PHASES = ("schedule", "launch", "evidence", "sample", "record")
+PHASES = ("schedule", "launch", "sample", "evidence", "wait", "record")
 
 
 @dataclass

@@ -130,11 +130,41 @@ def request_generator(sampling: SamplingParams) -> torch.Generator | None:
     return torch.Generator(device="cpu").manual_seed(sampling.seed)
 
 
-def sample_rows(
+@dataclass
+class PendingRows:
+    """A step's sampled rows on their way to the host: the device work and the copy are queued; `result()`
+    waits for them (the host does the step's other work meanwhile)."""
+
+    host: torch.Tensor  # [R, 4 (+ lanes)] int64, filled by the queued copy
+    copied: torch.cuda.Event | None  # recorded after the copy (CUDA); None where the copy already ran
+    logits: torch.Tensor
+    digest_rows: list[int]
+    full_rows: list[int]
+
+    def result(self) -> SampledRows:
+        """Wait for the copy and read the rows; full rows (`logits: full`) are copied now."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        host = self.host.numpy()
+        full: dict[int, Any] = {}
+        if self.full_rows:
+            copied = self.logits[torch.tensor(self.full_rows, device=self.logits.device)].cpu().numpy()
+            full = {row: copied[j] for j, row in enumerate(self.full_rows)}
+        return SampledRows(
+            tokens=host[:, 0].tolist(),
+            logprobs=_f32(host[:, 1]),
+            top2=list(zip(_f32(host[:, 2]), _f32(host[:, 3]), strict=True)),
+            digests={i: digest_of(host[i, 4:]) for i in self.digest_rows},
+            full=full,
+        )
+
+
+def queue_rows(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
     before_copy: Callable[[], None] | None = None,
-) -> SampledRows:
-    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows).
+) -> PendingRows:
+    """Queue the tokens and outputs of every row of `logits` [R, vocab] float32 and their one host copy
+    (asynchronous on CUDA, into pinned memory); `.result()` reads them.
 
     `before_copy` is called once the device work is queued, right before the copy (the profile's event)."""
     device = logits.device
@@ -152,16 +182,20 @@ def sample_rows(
     packed = torch.cat(columns, dim=1)
     if before_copy is not None:
         before_copy()
-    host = packed.cpu().numpy()  # [R, 4 (+ lanes)]: the step's one copy
+    copied: torch.cuda.Event | None = None
+    if device.type == "cuda":
+        host = packed.to("cpu", non_blocking=True)  # pinned by torch for a non-blocking copy to the host
+        copied = torch.cuda.Event()
+        copied.record()
+    else:
+        host = packed.cpu()
     full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
-    full: dict[int, Any] = {}
-    if full_rows:
-        copied = logits[torch.tensor(full_rows, device=device)].cpu().numpy()
-        full = {row: copied[j] for j, row in enumerate(full_rows)}
-    return SampledRows(
-        tokens=host[:, 0].tolist(),
-        logprobs=_f32(host[:, 1]),
-        top2=list(zip(_f32(host[:, 2]), _f32(host[:, 3]), strict=True)),
-        digests={i: digest_of(host[i, 4:]) for i in digest_rows},
-        full=full,
-    )
+    return PendingRows(host, copied, logits, digest_rows, full_rows)
+
+
+def sample_rows(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+    before_copy: Callable[[], None] | None = None,
+) -> SampledRows:
+    """Tokens and outputs of every row of `logits` [R, vocab] float32; one host copy (two with full rows)."""
+    return queue_rows(logits, sampling, generators, before_copy).result()

@@ -13,6 +13,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from oracle.errors import EngineError
 
@@ -24,9 +25,9 @@ class Status(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """One request's state inside the engine."""
+    """One request's state inside the engine (compared by identity: two requests never share one)."""
 
     index: int  # position in the caller's request list
     prompt_len: int
@@ -57,16 +58,18 @@ class Sequence:
         return self.status is Status.FINISHED
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
+class ScheduledSeq(NamedTuple):
+    """One sequence's part of a pass (a tuple: a thousand are made per decode step)."""
+
     seq: Sequence
     num_new_tokens: int
     is_prefill: bool
+    completes: bool  # this pass computes the sequence's last known token, so it samples a new one
 
-    @property
-    def completes(self) -> bool:
-        """True when this pass computes the sequence's last known token, so it samples a new one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+def scheduled(seq: Sequence, num_new_tokens: int, is_prefill: bool) -> ScheduledSeq:
+    """`seq`'s part of the pass being scheduled: `num_new_tokens` from its first token not yet computed."""
+    return ScheduledSeq(seq, num_new_tokens, is_prefill, seq.num_computed_tokens + num_new_tokens == len(seq.tokens))
 
 
 class BlockAllocator:
@@ -182,14 +185,18 @@ class Scheduler:
             self.waiting.append(seq)
         budget = self.max_num_batched_tokens
         batch: list[ScheduledSeq] = []
+        block_size = self.allocator.block_size
         for seq in self.running:
             if budget == 0:
                 break
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if seq.is_prefill and n < seq.prompt_len - seq.num_computed_tokens and not self.enable_chunked_prefill:
+            computed = seq.num_computed_tokens
+            is_prefill = computed < seq.prompt_len
+            n = min(len(seq.tokens) - computed, budget)
+            if is_prefill and n < seq.prompt_len - computed and not self.enable_chunked_prefill:
                 continue
-            self.allocator.ensure(seq, seq.num_computed_tokens + n)
-            batch.append(ScheduledSeq(seq, n, seq.is_prefill))
+            if computed + n > len(seq.block_table) * block_size:
+                self.allocator.ensure(seq, computed + n)
+            batch.append(ScheduledSeq(seq, n, is_prefill, computed + n == len(seq.tokens)))
             budget -= n
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
@@ -204,23 +211,24 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             self.allocator.ensure(seq, cached + n)
-            batch.append(ScheduledSeq(seq, n, True))
+            batch.append(scheduled(seq, n, True))
             budget -= n
         return batch
 
     def update(self, batch: list[ScheduledSeq], sampled: dict[int, int]) -> None:
         """Record a pass: advance computed counts and append sampled tokens (by sequence index)."""
-        for item in batch:
-            seq = item.seq
-            if item.is_prefill:
+        caching = self.allocator.enable_caching
+        for seq, num_new_tokens, is_prefill, _ in batch:
+            if is_prefill:
                 seq.num_prefill_passes += 1
-            seq.num_computed_tokens += item.num_new_tokens
-            self.allocator.register(seq)
-            if seq.index not in sampled:
+            seq.num_computed_tokens += num_new_tokens
+            if caching:
+                self.allocator.register(seq)
+            token = sampled.get(seq.index)
+            if token is None:
                 continue
-            token = sampled[seq.index]
             seq.tokens.append(token)
-            if seq.num_generated >= seq.max_tokens or token == seq.stop_token_id:
+            if len(seq.tokens) - seq.prompt_len >= seq.max_tokens or token == seq.stop_token_id:
                 seq.status = Status.FINISHED
                 self.running.remove(seq)
                 self.allocator.release(seq)
