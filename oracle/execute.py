@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -368,15 +369,18 @@ class ModeExecution:
             self.observer.done()
 
     def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
-                   keep: Callable[[InstanceRun], None]) -> None:
+                  keep: Callable[[InstanceRun], None],
+                  then: Callable[[Engine, InstanceRun], InstanceRun] | None = None) -> None:
         """Another engine of this mode, started after the run's own closed: every reference and `trials` on it,
-        from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed)."""
+        from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed); `then`, run
+        on the engine before it closes, may add to it."""
         plan = self.plan
         self.observer.phase(label, len(plan.targets) + len(trials))
         engine = build()
         solo: dict[int, Completion] = {}
         ran: dict[int, Completion] = {}
         describe: dict[str, Any] = {}
+        done: InstanceRun | None = None
         try:
             describe = dict(engine.describe())
             for i in range(len(plan.targets)):
@@ -386,8 +390,11 @@ class ModeExecution:
                 requests, at = trial_requests(plan, trial)
                 ran[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
                 self.observer.advance(0)
+            done = InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran))
+            if then is not None:
+                done = then(engine, done)
         finally:
-            keep(InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
+            keep(done or InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
             engine.close()
             self.observer.done()
 
@@ -488,8 +495,13 @@ class _Context:
         return self._ex.build_second(self._ex.mode)
 
     def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
-                  keep: Callable[[InstanceRun], None]) -> None:
-        self._ex.run_again(label, build, trials, keep)
+                  keep: Callable[[InstanceRun], None],
+                  then: Callable[[Engine, InstanceRun], InstanceRun] | None = None) -> None:
+        self._ex.run_again(label, build, trials, keep, then)
+
+    def repro_dir(self, name: str) -> Path | None:
+        folder = getattr(self._ex.localizer, "folder", None)
+        return folder.parent / f"repro-{name}" if isinstance(folder, Path) else None
 
 
 if TYPE_CHECKING:

@@ -274,6 +274,18 @@ class LocalizesInWorker(Protocol):
 
 
 @runtime_checkable
+class CapturesRanks(Protocol):
+    """An engine that captures a run in every tensor-parallel rank at once (native, vLLM): what the comparison of
+    two tensor-parallel sizes reads (`oracle.capture.sizes`)."""
+
+    def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
+        """`run` captured in every rank, rank order: each rank's `calls`, `passes`, the target's `completion`, and
+        `snapshot` (the inputs of the call `snapshot_at` = (forward pass, op key) names: `op`, `args`, `kwargs`,
+        `result`, `layout`, `threads`, `state`; None where not asked or not reached)."""
+        ...
+
+
+@runtime_checkable
 class LaysOutPasses(Protocol):
     """A Hugging Face engine whose forward passes are not `[B, S]` rows of one request each (packed
     passes): `oracle.engines.hf_capture` asks it where the target's tokens sit, from inside its own
@@ -318,6 +330,7 @@ class Capabilities:
     reset_prefix_cache: bool = False  # ResetsPrefixCache
     capture: bool = False  # Capturable
     localize: bool = False  # LocalizesInWorker
+    capture_ranks: bool = False  # CapturesRanks
     localize_layout: bool = False  # LaysOutPasses
     op_packages: tuple[str, ...] = ()  # DeclaresOpPackages
     forward_timing: bool = False  # TimesForwardPasses
@@ -348,6 +361,7 @@ def capabilities(engine: object) -> Capabilities:
         reset_prefix_cache=isinstance(engine, ResetsPrefixCache),
         capture=isinstance(engine, Capturable),
         localize=isinstance(engine, LocalizesInWorker),
+        capture_ranks=isinstance(engine, CapturesRanks),
         localize_layout=isinstance(engine, LaysOutPasses),
         op_packages=(packages,) if isinstance(packages, str) else tuple(str(p) for p in packages),
         forward_timing=isinstance(engine, TimesForwardPasses),
