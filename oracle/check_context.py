@@ -21,14 +21,11 @@ from oracle.mode_result import InstanceRun
 from oracle.plan import Plan
 from oracle.schedule import Trial
 
-if TYPE_CHECKING:
-    from oracle.execute import ModeExecution
-
 
 class ExecutionContext:
     """One check's view of a mode's execution (oracle.checks.base.CheckContext): what its runs may use."""
 
-    def __init__(self, execution: ModeExecution, name: str, own: CheckRun) -> None:
+    def __init__(self, execution: Any, name: str, own: CheckRun) -> None:  # an oracle.execute.ModeExecution
         self._ex, self._name, self._phase = execution, name, own.phase or name
 
     @property
