@@ -275,14 +275,10 @@ class LocalizesInWorker(Protocol):
 
 @runtime_checkable
 class CapturesRanks(Protocol):
-    """An engine that captures a run in every tensor-parallel rank at once (native, vLLM): what the comparison of
-    two tensor-parallel sizes reads (`oracle.capture.sizes`)."""
+    """Captures a run in every tensor-parallel rank (native, vLLM), for comparing two sizes (`oracle.capture.sizes`)."""
 
     def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
-        """`run` captured in every rank, rank order: each rank's `calls`, `passes`, the target's `completion`, and
-        `snapshot` (the inputs of the call `snapshot_at` = (forward pass, op key) names: `op`, `args`, `kwargs`,
-        `result`, `layout`, `threads`, `state`; None where not asked or not reached)."""
-        ...
+        ...  # rank order: each rank's `calls`, `passes`, `completion`, `snapshot` (`Snapshot.plain()` of `snapshot_at`)
 
 
 @runtime_checkable
@@ -313,8 +309,7 @@ class TimesForwardPasses(Protocol):
     forward_seconds: float
 
 
-# What a custom engine adds so that oracle can name the op where a divergence starts (docs/engines.md);
-# what localize says of an engine whose Capabilities do not localize.
+# What localize says of an engine whose Capabilities do not localize: what to add (docs/engines.md).
 CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
                "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
                "from oracle.engines.contract; the native, transformers and vllm engines have one")
