@@ -130,6 +130,9 @@ class TpParityConfig(CheckConfig):
     requirement: Literal["report", "required", "warn", "off"] = "off"  # type: ignore[assignment]
     tensor_parallel_size: int = Field(1, ge=1, le=4096, description="the size compared with the run's own "
                                       "engine.options.tensor_parallel_size")
+    localize: Literal["first", "off"] = Field(
+        "first", description="where the sizes differ, name the first op where they part for the first differing "
+        "target (its request alone captured at both sizes; the run's engine is started once more), or not")
 
 
 class GoldenConfig(CheckConfig):

@@ -21,18 +21,17 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from oracle.checks.base import CheckContext, CheckRun
+from oracle.check_context import ExecutionContext
+from oracle.checks.base import CheckRun
 from oracle.compare import Divergence, first_divergence, row_digest
-from oracle.engine_calls import Localizer, _step, fresh, generate, keep_rows
+from oracle.engine_calls import Localizer, _step, fresh, keep_rows
+from oracle.engine_calls import generate as generate  # re-exported: the runner and bench call it from here
 from oracle.engines.contract import (
     CAPTURE_HOW,
     Completion,
     Engine,
     Mode,
-    Request,
-    ResetsPrefixCache,
     RunSpec,
-    capabilities,
 )
 from oracle.errors import EngineError, OracleError
 from oracle.mode_result import InstanceRun, ModeResult
@@ -63,7 +62,7 @@ class ModeExecution:
         # The cross_instance check's second engine of this mode (the same builder when not given).
         self.build_second = build_second or build
         self.checks: dict[str, Any] = {}
-        self.contexts = {name: _Context(self, name, r) for name, r in check_runs.items()}
+        self.contexts = {name: ExecutionContext(self, name, r) for name, r in check_runs.items()}
         self.check_runs = {name: r for name, r in check_runs.items() if r.wanted(self.contexts[name])}
         self.engine: Engine | None = None
         self.describe: dict[str, Any] = {}
@@ -368,15 +367,18 @@ class ModeExecution:
             self.observer.done()
 
     def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
-                   keep: Callable[[InstanceRun], None]) -> None:
+                  keep: Callable[[InstanceRun], None],
+                  then: Callable[[Engine, InstanceRun], InstanceRun] | None = None) -> None:
         """Another engine of this mode, started after the run's own closed: every reference and `trials` on it,
-        from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed)."""
+        from a cold cache. `keep` receives what it gave, also when it stopped part way (then closed); `then`, run
+        on the engine before it closes, may add to it."""
         plan = self.plan
         self.observer.phase(label, len(plan.targets) + len(trials))
         engine = build()
         solo: dict[int, Completion] = {}
         ran: dict[int, Completion] = {}
         describe: dict[str, Any] = {}
+        done: InstanceRun | None = None
         try:
             describe = dict(engine.describe())
             for i in range(len(plan.targets)):
@@ -386,8 +388,11 @@ class ModeExecution:
                 requests, at = trial_requests(plan, trial)
                 ran[trial.trial_id] = keep_rows(fresh(engine, requests, trial.max_num_batched_tokens)[at])
                 self.observer.advance(0)
+            done = InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran))
+            if then is not None:
+                done = then(engine, done)
         finally:
-            keep(InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
+            keep(done or InstanceRun(describe, MappingProxyType(solo), MappingProxyType(ran)))
             engine.close()
             self.observer.done()
 
@@ -423,74 +428,3 @@ def shrink_merged(plan: Plan, inv: ModeResult, observer: Observer, build: Callab
     return replace(inv, trials=done.trials, shrink=done.shrink, shrink_trials=done.shrink_trials,
                    reruns=done.reruns, solo_again=done.solo_again, localized={**done.localized, **inv.localized},
                    localize_notes=tuple(dict.fromkeys((*done.localize_notes, *inv.localize_notes))))
-
-
-class _Context:
-    """One check's view of a mode's execution (oracle.checks.base.CheckContext): what its runs may use."""
-
-    def __init__(self, execution: ModeExecution, name: str, own: CheckRun) -> None:
-        self._ex, self._name, self._phase = execution, name, own.phase or name
-
-    @property
-    def mode(self) -> Mode:
-        return self._ex.mode
-
-    @property
-    def plan(self) -> Plan:
-        return self._ex.plan
-
-    @property
-    def solo(self) -> Mapping[int, Completion]:
-        return self._ex.solo
-
-    @property
-    def describe(self) -> Mapping[str, Any]:
-        return self._ex.describe
-
-    @property
-    def per_target(self) -> bool:
-        return self._ex.per_target
-
-    @property
-    def schedule(self) -> Sequence[Trial]:
-        shard = self._ex.shard
-        return shard.schedule if shard is not None else self._ex.plan.trials
-
-    def _engine(self) -> Engine:
-        assert self._ex.engine is not None
-        return self._ex.engine
-
-    def can_reset_prefix_cache(self) -> bool:
-        engine = self._engine()
-        return capabilities(engine).reset_prefix_cache and isinstance(engine, ResetsPrefixCache)
-
-    def reset_prefix_cache(self) -> None:
-        engine = self._engine()
-        assert isinstance(engine, ResetsPrefixCache)
-        engine.reset_prefix_cache()
-
-    def fresh(self, requests: Sequence[Request]) -> list[Completion]:
-        return fresh(self._engine(), requests, phase=self._phase)
-
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        return generate(self._engine(), requests, phase=self._phase)
-
-    def keep(self, data: Any) -> None:
-        self._ex.checks[self._name] = data
-
-    def advance(self) -> None:
-        self._ex.observer.advance(self._ex.divergent)
-
-    def localize(self, key: Any, expected: RunSpec, actual: RunSpec) -> None:
-        self._ex.localize(key, expected, actual)
-
-    def build_second(self) -> Engine:
-        return self._ex.build_second(self._ex.mode)
-
-    def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
-                  keep: Callable[[InstanceRun], None]) -> None:
-        self._ex.run_again(label, build, trials, keep)
-
-
-if TYPE_CHECKING:
-    _: type[CheckContext] = _Context  # the context meets the protocol the checks are written against

@@ -25,6 +25,8 @@ class InstanceRun:
     solo: Mapping[int, Completion] = field(default_factory=dict)
     trials: Mapping[int, Completion] = field(default_factory=dict)
     note: str = ""  # why it could not run, or why it is not a second instance
+    localized: dict[str, Any] | None = None  # tp_parity: where the sizes part (a LocalizedOp's JSON)
+    localize_note: str = ""  # tp_parity: why no op was named
 
 
 @dataclass(frozen=True)

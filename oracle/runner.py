@@ -59,6 +59,7 @@ class OpLocalizer:
 
     def __init__(self, repro_dir: Path | None = None) -> None:
         self.repro_dir = repro_dir
+        self.folder = repro_dir  # where it is, also once written (a check's own repro goes beside it)
 
     def can_localize(self, engine: Engine) -> bool:
         from oracle.lifecycle.watchdog import GuardedEngine

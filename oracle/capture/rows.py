@@ -94,6 +94,11 @@ class Snapshot:
     # The kernel mode, threads and flags it ran under (None: not recorded; a re-run keeps the current ones).
     state: OpState | None = None
 
+    def plain(self) -> dict[str, Any]:
+        """As plain data, to leave its process: its inputs and the op's name (an op does not pickle)."""
+        return {"op": str(self.func), "args": self.args, "kwargs": self.kwargs, "result": self.result,
+                "threads": self.threads, "layout": self.layout, "state": self.state}
+
 
 @dataclass(frozen=True)
 class Captured:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from oracle.compare import Divergence
@@ -144,7 +145,10 @@ class CheckContext(Protocol):
     def build_second(self) -> Engine: ...  # the mode's engine, started again separately
 
     def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],
-                  keep: Callable[[InstanceRun], None]) -> None: ...
+                  keep: Callable[[InstanceRun], None],
+                  then: Callable[[Engine, InstanceRun], InstanceRun] | None = None) -> None: ...
+
+    def repro_dir(self, name: str) -> Path | None: ...  # the report folder's repro-NAME/ (None: no report folder)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ required unless the config says `required`.
 
 Its runs (`RUNS`): invariant mode's engine is started again at `checks.tp_parity.tensor_parallel_size`
 (the engine's config from `parity_config`) after the run's own engine closed, and runs every target's solo
-reference; the check compares those with the run's own references (`tp_parity`).
+reference; the check compares those with the run's own references (`tp_parity`). Where one differs (and
+`checks.tp_parity.localize` is `first`), the first differing target alone is captured in every rank there, then
+the run's engine is started once more and captures it too: the first op where the sizes part is the check's
+localized op (`oracle.localize_sizes`), with `repro-tp_parity/` in the report folder where it was confirmed.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import Any
 from oracle.checks.base import INV, Check, CheckContext, CheckRun, Judged, Runs, invariant_per_target
 from oracle.compare import first_divergence
 from oracle.config import EngineConfig
-from oracle.engines.contract import Completion
+from oracle.engines.contract import Completion, Engine, RunSpec
 from oracle.lifecycle.watchdog import start_engine
+from oracle.localize_sizes import capture_size, localize_between
+from oracle.localized_op import LocalizedOp
 from oracle.mode_result import InstanceRun
+from oracle.plan import solo_request
 from oracle.report import CheckResult
 
 FIELD = "tensor_parallel_size"
@@ -105,8 +111,16 @@ def tp_parity(runs: Runs, requirement: str) -> Judged:
     if not differing:
         return Judged(CheckResult.passed("tp_parity", requirement, trials=n, evidence=ev,
                                          message=f"{n} targets bitwise equal at {sizes}"))
+    message = _difference(ev, n, sizes)
+    if other.localized is not None:
+        op = LocalizedOp.from_json(other.localized)
+        ev["localized_op"] = op.to_json()
+        message += f"; {op.finding()}" + (f" (repro: {op.repro})" if op.repro else "")
+    elif other.localize_note:
+        ev["localize_note"] = other.localize_note
+        message += f"; not localized: {other.localize_note}"
     return Judged(CheckResult.failed("tp_parity", requirement, trials=n, divergent=len(differing), evidence=ev,
-                                     message=_difference(ev, n, sizes)))
+                                     message=message))
 
 
 def _difference(ev: dict[str, Any], n: int, sizes: str) -> str:
@@ -121,19 +135,65 @@ def _difference(ev: dict[str, Any], n: int, sizes: str) -> str:
 
 
 def _run(context: CheckContext) -> None:
-    """Start invariant mode's engine again at the check's size and run every reference on it."""
+    """Start invariant mode's engine again at the check's size and run every reference on it; where a target
+    differs, localize it (`_localize`)."""
     plan, mode = context.plan, context.mode
     cfg, size = plan.config.engine, plan.config.checks.tp_parity.tensor_parallel_size
     note = same_size_note(cfg, size)
     if note is not None:
         context.keep(InstanceRun(note=note))
         return
+    kept: list[InstanceRun] = []
+    first: list[Any] = []  # (the target's solo RunSpec, its capture at the check's size), or a note
 
     def keep(run: InstanceRun) -> None:
-        context.keep(replace(run, engine={**run.engine, FIELD: size}))
+        kept.append(replace(run, engine={**run.engine, FIELD: size}))
+        context.keep(kept[-1])
+
+    def then(engine: Engine, run: InstanceRun) -> InstanceRun:
+        if plan.config.checks.tp_parity.localize == "off":
+            return run
+        spec = _first_differing(context, run)
+        if spec is not None:
+            try:
+                first.append((spec, capture_size(engine, spec, size)))
+            except Exception as err:  # noqa: BLE001 - the check's verdict stands without the op
+                first.append(f"not captured at {FIELD} {size}: {type(err).__name__}: {err}")
+        return run
 
     context.run_again(f"{mode} ({FIELD} {size})", lambda: start_engine(parity_config(cfg, size), plan.model_dir, mode, plan.engine),
-                      (), keep)
+                      (), keep, then)
+    if first and kept:
+        context.keep(replace(kept[-1], **_localize(context, first[0])))
+
+
+def _first_differing(context: CheckContext, run: InstanceRun) -> RunSpec | None:
+    """The first target whose reference differs between the sizes, alone (None: none differs)."""
+    for t in sorted(run.solo):
+        if t in context.solo and first_divergence(context.solo[t], run.solo[t]) is not None:
+            return RunSpec((solo_request(context.plan, t),), 0)
+    return None
+
+
+def _localize(context: CheckContext, first: Any) -> dict[str, Any]:
+    """The run's engine started once more, the target captured there against its capture at the check's size,
+    the op where they part named (and confirmed where the run's size is the larger): InstanceRun's fields."""
+    if isinstance(first, str):
+        return {"localize_note": first}
+    spec, captured = first
+    plan, mode = context.plan, context.mode
+    own = run_size(plan.config.engine)
+    try:
+        engine = start_engine(plan.config.engine, plan.model_dir, mode, plan.engine)
+        try:
+            op = localize_between(captured, engine, own, spec, context.repro_dir("tp_parity"))
+        finally:
+            engine.close()
+    except Exception as err:  # noqa: BLE001 - the check's verdict stands without the op
+        return {"localize_note": f"not localized at {FIELD} {own}: {type(err).__name__}: {err}"}
+    if op is None:
+        return {"localize_note": f"no op held whole at both sizes differed for {spec.requests[0].request_id}"}
+    return {"localized": op.to_json()}
 
 
 RUNS = CheckRun(InstanceRun, _run, invariant_per_target, after_close=True)

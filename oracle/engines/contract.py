@@ -274,6 +274,14 @@ class LocalizesInWorker(Protocol):
 
 
 @runtime_checkable
+class CapturesRanks(Protocol):
+    """Captures a run in every tensor-parallel rank (native, vLLM), for comparing two sizes (`oracle.capture.sizes`)."""
+
+    def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
+        ...  # rank order: each rank's `calls`, `passes`, `completion`, `snapshot` (`Snapshot.plain()` of `snapshot_at`)
+
+
+@runtime_checkable
 class LaysOutPasses(Protocol):
     """A Hugging Face engine whose forward passes are not `[B, S]` rows of one request each (packed
     passes): `oracle.engines.hf_capture` asks it where the target's tokens sit, from inside its own
@@ -301,8 +309,7 @@ class TimesForwardPasses(Protocol):
     forward_seconds: float
 
 
-# What a custom engine adds so that oracle can name the op where a divergence starts (docs/engines.md);
-# what localize says of an engine whose Capabilities do not localize.
+# What localize says of an engine whose Capabilities do not localize: what to add (docs/engines.md).
 CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
                "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
                "from oracle.engines.contract; the native, transformers and vllm engines have one")
@@ -318,6 +325,7 @@ class Capabilities:
     reset_prefix_cache: bool = False  # ResetsPrefixCache
     capture: bool = False  # Capturable
     localize: bool = False  # LocalizesInWorker
+    capture_ranks: bool = False  # CapturesRanks
     localize_layout: bool = False  # LaysOutPasses
     op_packages: tuple[str, ...] = ()  # DeclaresOpPackages
     forward_timing: bool = False  # TimesForwardPasses
@@ -348,6 +356,7 @@ def capabilities(engine: object) -> Capabilities:
         reset_prefix_cache=isinstance(engine, ResetsPrefixCache),
         capture=isinstance(engine, Capturable),
         localize=isinstance(engine, LocalizesInWorker),
+        capture_ranks=isinstance(engine, CapturesRanks),
         localize_layout=isinstance(engine, LaysOutPasses),
         op_packages=(packages,) if isinstance(packages, str) else tuple(str(p) for p in packages),
         forward_timing=isinstance(engine, TimesForwardPasses),

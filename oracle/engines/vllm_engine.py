@@ -303,6 +303,15 @@ class VllmEngine:
             self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         return LocalizedOp.from_json(found) if found is not None else None
 
+    def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
+        """`run` captured in every rank, in the worker (`CapturesRanks`, oracle.engines.contract)."""
+        if not self.spec.enforce_eager:
+            raise EngineError("vllm engine: capturing every rank needs enforce_eager (CUDA graphs and "
+                              "torch.compile run ops no capture sees)")
+        import pickle
+
+        return list(pickle.loads(self._live().call(("capture_ranks", run, snapshot_at), self.timeout_s)))
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
         if not self._live().call(("reset_prefix_cache",), self.timeout_s):

@@ -152,7 +152,8 @@ def capture_end(worker: Any) -> dict[str, Any] | None:
     exits.close()
     _RANK["last"] = rows
     return {"rank": _RANK.get("rank"), "calls": list(rows.calls), "passes": list(rows.passes),
-            "has_snapshot": rows.snapshot is not None, "snapshot_note": rows.snapshot_note}
+            "has_snapshot": rows.snapshot is not None, "snapshot_note": rows.snapshot_note,
+            "snapshot": rows.snapshot.plain() if rows.snapshot is not None else None}
 
 
 def rerun(worker: Any, grid: int, kind: str, only_rank: int | None) -> dict[str, Any] | None:

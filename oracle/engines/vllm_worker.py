@@ -6,7 +6,8 @@ vLLM reads those once, at import and engine start, and `torch.library` overrides
 FD is one end of a socket pair; messages are pickled tuples (`multiprocessing.connection`):
 
     parent -> worker: ("start", WorkerSpec) first, then ("generate", requests, max_num_batched_tokens),
-                      ("localize", expected RunSpec, actual RunSpec), ("reset_prefix_cache",), ("close",)
+                      ("localize", expected RunSpec, actual RunSpec),
+                      ("capture_ranks", RunSpec, snapshot_at), ("reset_prefix_cache",), ("close",)
     worker -> parent: ("ready", info) | ("ok", result) | ("error", text) | ("config_error", text)
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so this module steps it
@@ -243,6 +244,27 @@ class WorkerEngine:
                                       repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
         return found.to_json() if found is not None else None
 
+    def capture_ranks(self, spec: Any, snapshot_at: Any = None) -> bytes:
+        """`spec` captured in every rank (at TP 1 in this process), rank order: each rank's calls, passes and the
+        target's completion, and the inputs of the call `snapshot_at` names where it asks for them. Pickled here
+        by value: the connection's pickler would hand tensors over as shared-memory handles."""
+        import pickle
+
+        from oracle.capture.rows import RowCapture
+        from oracle.engines.vllm_capture import in_process, targeting
+        from oracle.engines.vllm_ranks import capture_all
+
+        if self.spec.tensor_parallel_size > 1:
+            with targeting(self) as state:
+                captured, answers = capture_all(self, state, spec, snapshot_at)
+            return pickle.dumps([{"calls": c.calls, "passes": c.passes, "completion": c.completion,
+                                  "snapshot": a["snapshot"]} for c, a in zip(captured, answers, strict=True)])
+        rows = RowCapture(snapshot_at=snapshot_at)
+        with in_process(self) as capture:
+            completion = capture(spec, rows)
+        return pickle.dumps([{"calls": tuple(rows.calls), "passes": tuple(rows.passes), "completion": completion,
+                              "snapshot": rows.snapshot.plain() if rows.snapshot is not None else None}])
+
     def generate(self, requests: Sequence[Request], max_num_batched_tokens: int | None) -> list[Completion]:
         """Add each request when the step counter reaches its arrival step; step until all finish."""
         # vLLM's own knob for a scheduling budget below the batch capacity the engine was built with.
@@ -375,6 +397,8 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
                 result: Any = engine.generate(msg[1], msg[2])
             elif op == "localize":
                 result = engine.localize(*msg[1:])
+            elif op == "capture_ranks":
+                result = engine.capture_ranks(*msg[1:])
             elif op == "reset_prefix_cache":
                 result = engine.reset_prefix_cache()
             else:

@@ -2,6 +2,10 @@
 against NCCL (vLLM #50136), read from the ranks and crossed by the hazard's probes.
 
 Needs two CUDA devices and vLLM: `pytest -m gpu tests/gpu/test_vllm_tp_cuda.py`.
+
+NOT YET RUN ON GPUs: these tests were written and their logic tested on the CPU path only (vLLM CPU at TP 2,
+tests/integration/test_vllm_tp_localize.py, which CI runs, shares `tp_reduction`'s assertions); until they have
+run on two cards, a pass or a failure here is their first.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ pytestmark = [
 ]
 pytest.importorskip("vllm")
 
+from tp_reduction import assert_every_failure_names_the_all_reduce  # noqa: E402
+
 from oracle.config import load_config  # noqa: E402
 from oracle.report_sections import ModePosture  # noqa: E402
 from oracle.runner import run  # noqa: E402
@@ -33,8 +39,11 @@ def small_qwen3(model_cache: Path) -> Path:
     return ensure_model("small-qwen3", cache_dir=model_cache)
 
 
-def _run(model: Path, out: Path, **engine_args: object) -> object:
+def _run(model: Path, out: Path, localize: str = "first", **engine_args: object) -> object:
     config = load_config(CONFIG)
+    checks = config.checks.model_copy(update={"invariance": config.checks.invariance.model_copy(
+        update={"localize": localize})})
+    config = config.model_copy(update={"checks": checks})
     options = {**config.engine.options, "engine_args": engine_args} if engine_args else config.engine.options
     config = config.model_copy(update={"model": str(model),
                                        "engine": config.engine.model_copy(update={"options": options})})
@@ -92,3 +101,25 @@ def test_tp2_without_the_custom_all_reduce_passes_or_names_what_still_diverges(s
     assert invariance is not None and invariance.verdict in ("pass", "fail"), invariance.message
     if invariance.verdict == "fail":
         _localized_or_said_why(report)
+
+
+def test_where_the_custom_all_reduce_and_nccl_differ_the_named_op_is_the_all_reduce(small_qwen3: Path,
+                                                                                      tmp_path: Path) -> None:
+    """With the custom all-reduce, passes on both sides of its hand-over size take different all-reduce paths
+    (custom below, NCCL above): where invariance fails for it, every failing trial (`localize: all`) is named at
+    an all-reduce, class communication, with a truthful confirmation; and tp_parity's op, where TP 2 and TP 1
+    differ, is named where they part. Not yet run on GPUs (module docstring)."""
+    report = _run(small_qwen3, tmp_path / "paths", localize="all")
+    assert report.error is None, report.error  # type: ignore[attr-defined]
+    posture = _checked_posture(report)
+    if "custom" not in str(posture.all_reduce):
+        pytest.skip(f"the ranks run {posture.all_reduce}, not the custom all-reduce: the two paths cannot differ")
+    invariance = report.check("invariance")  # type: ignore[attr-defined]
+    assert invariance is not None and invariance.verdict in ("pass", "fail"), invariance.message
+    if invariance.verdict == "fail":
+        assert_every_failure_names_the_all_reduce([d.model_dump() for d in report.divergences])  # type: ignore[attr-defined]
+    parity = report.check("tp_parity")  # type: ignore[attr-defined]
+    assert parity is not None
+    if parity.verdict == "fail":
+        op = parity.evidence.get("localized_op")
+        assert op is not None or parity.evidence.get("localize_note"), parity.message

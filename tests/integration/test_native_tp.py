@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,6 +214,16 @@ def test_oracle_run_at_tp2_passes_invariance(tiny_qwen3: Path, tmp_path: Path) -
     # on this host: 2 of 2 targets differ from step 0, by 5 and 39 ULP in the logprob, no token flipped
     assert all(d["ulp"] is None or d["ulp"] > 0 for d in parity["evidence"]["differing"])
     assert parity["divergent"] == len(parity["evidence"]["differing"])
+    if parity["verdict"] == "fail":  # where the sizes part: the first row-parallel layer's reduction, confirmed
+        op = parity["evidence"]["localized_op"]
+        assert (op["module"], op["op"], op["layer"], op["op_class"]) == (
+            "model.layers.0.self_attn.o_proj", "oracle_tp.all_reduce.default", 0, "communication"), op
+        assert op["inputs_equal"] and op["confirmation"] == "confirmed", op["confirm_note"]
+        assert op["depends_on"] == {"tensor_parallel_size": [1, 2]} and "first diverging op" in parity["message"]
+        repro = subprocess.run([sys.executable, str(Path(op["repro"]) / "repro.py")], capture_output=True, text=True,
+                               timeout=120)
+        assert repro.returncode == 0, repro.stdout + repro.stderr  # 0: the two sizes' bits differ alone too
+        assert "TP 1 alone gives the engine's bits" in repro.stdout and "TP 2 alone gives" in repro.stdout
 
 
 @pytest.mark.slow

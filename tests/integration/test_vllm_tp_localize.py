@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_planted_tp  # noqa: E402
+from tp_reduction import assert_every_failure_names_the_all_reduce  # noqa: E402
 
 from oracle.compare import first_divergence  # noqa: E402
 from oracle.config import EngineConfig  # noqa: E402
@@ -144,11 +145,8 @@ def test_oracle_run_localizes_every_failing_trial_to_rank_1s_all_reduce(
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     found = [d for d in report["divergences"] if d["check"] == "invariance"]
     assert found and any(d["evidence"].get("shrunk") for d in found), "the failing trial is shrunk"
+    for op in assert_every_failure_names_the_all_reduce(found, rank=1):  # the logic the two-GPU test shares
+        assert (op["module"], op["layer"]) == ("model.layers.0.self_attn.o_proj", 0), op
+        assert op["confirmation"] == "confirmed", op["confirm_note"]
     trials = {d["trial_id"] for d in found}
-    located = {d["trial_id"]: d["localized_op"] for d in found if d.get("localized_op")}
-    assert set(located) == trials, "every failing trial is localized"
-    for op in located.values():
-        assert (op["module"], op["op"], op["layer"], op["rank"]) == (
-            "model.layers.0.self_attn.o_proj", "oracle_vllm.all_reduce.default", 0, 1), op
-        assert op["op_class"] == "communication" and op["confirmation"] == "confirmed"
     print(f"\noracle run, planted all-reduce: {len(trials)} failing trials, each localized to rank 1's all-reduce")

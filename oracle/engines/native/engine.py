@@ -235,6 +235,12 @@ class NativeEngine:
 
         return localize_with(self.capture, expected, actual, repro_dir=repro_dir)
 
+    def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
+        """CapturesRanks: `run` captured in every rank (one in this process without ranks)."""
+        from oracle.engines.native.sharded import capture_ranks
+
+        return capture_ranks(self, run, snapshot_at)
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (the next requests run cold)."""
         self._allocator = BlockAllocator(self._num_blocks, self.block_size, self.enable_prefix_caching)

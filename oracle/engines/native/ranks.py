@@ -180,8 +180,7 @@ def captured_of(rows: Any) -> dict[str, Any]:
     """A rank's capture as plain data (its calls and passes; a snapshot's inputs, not the op)."""
     snap = rows.snapshot
     return {"calls": list(rows.calls), "passes": list(rows.passes),
-            "snapshot": None if snap is None else {"args": snap.args, "kwargs": snap.kwargs,
-                                                    "threads": snap.threads, "layout": snap.layout}}
+            "snapshot": None if snap is None else snap.plain()}
 
 
 def _run_pass(state: _RankState, inputs: Any, num_blocks: int, layout: Any) -> None:

@@ -158,6 +158,23 @@ def capture_all(engine: Any, run: RunSpec,
     return captured, snaps
 
 
+def capture_ranks(engine: Any, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
+    """`CapturesRanks` (oracle.engines.contract): `run` captured in every rank (one without ranks), each rank's
+    snapshot of `snapshot_at` as plain data."""
+    from oracle.capture import capture_run
+    from oracle.engines.native.ranks import captured_of
+
+    if engine.ranks is None:
+        rows = RowCapture(snapshot_at=snapshot_at)
+        done = capture_run(engine.capture, run, rows)
+        return [{**captured_of(rows), "completion": done.completion}]
+    captured, snaps = capture_all(engine, run, dict.fromkeys(range(engine.ranks.size), snapshot_at)
+                                  if snapshot_at is not None else None)
+    # Rank 0's snapshot is the op's own (the others come plain from their processes).
+    return [{"calls": c.calls, "passes": c.passes, "completion": c.completion,
+             "snapshot": (snaps[0].plain() if snaps[0] is not None else None) if q == 0 else snaps[q]} for q, c in enumerate(captured)]
+
+
 def localize_sharded(engine: Any, expected: RunSpec, actual: RunSpec,
                      repro_dir: Path | None = None) -> LocalizedOp | None:
     """Both runs captured in every rank, the rule applied rank by rank (`oracle.capture.ranks`), the first root
