@@ -121,8 +121,8 @@ class ProbeEvidence(_Section):
     verified (a side did not form)."""
 
     probe: str = Field(description="the probe, `pass_tokens=48`")
-    evidence: EvidenceClass
-    sides: list[ProbeSideEvidence] = Field(default_factory=list)
+    evidence: EvidenceClass = Field(description="verified, failed or not verified")
+    sides: list[ProbeSideEvidence] = Field(default_factory=list, description="each side the probe plans")
     divergent: list[int] = Field(default_factory=list, description="its trials with an invariant-mode divergence")
 
 
@@ -131,11 +131,11 @@ class HazardEvidence(_Section):
     evidence shows), `failed` (a divergence at the crossing) or `not verified` (a side did not form, and why)."""
 
     id: str = Field(description="the hazard's id (`environment.hazards`)")
-    evidence: EvidenceClass
+    evidence: EvidenceClass = Field(description="verified, failed or not verified")
     why: str = Field(default="", description="what the class rests on, in a line")
     divergent: list[int] = Field(default_factory=list, description="trials of its probes, or that crossed its "
                                  "threshold, with an invariant-mode divergence")
-    probes: list[ProbeEvidence] = Field(default_factory=list)
+    probes: list[ProbeEvidence] = Field(default_factory=list, description="each probe the hazard names")
 
 
 class PostureRecord(_Section):
