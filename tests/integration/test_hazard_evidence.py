@@ -165,3 +165,28 @@ def test_a_run_without_a_matched_hazard_writes_no_evidence(tiny_qwen3: Path, tmp
     written = json.loads((tmp_path / "report" / "report.json").read_text())["environment"]["posture"]
     assert "hazards" not in written
     assert "hazard " not in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_every_probe_is_verified_by_the_native_engines_pass_evidence(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """Each probe's evidence rule (oracle/posture/formed.py) reads its sides as formed from what the native
+    engine reports: pass tokens and sequences, the longest query, KV lengths, chunked prompts, cached tokens.
+    tiny-qwen3's hidden state is 64 float32 values (256 bytes): pass_bytes=10240 is a pass of 40 tokens."""
+    probes = ["short_budget", "chunk_budget", "prefix_block", "shared_pass", {"pass_tokens": 40},
+              {"pass_bytes": 10240}, "fa3_kv_128", "fa3_packed_query"]
+    cfg = _config(tiny_qwen3, tmp_path, probes, max_num_batched_tokens=256, dtype="float32")
+    cfg["sampling"]["max_tokens"] = 4
+    report = run(parse_config(cfg))
+    h = _evidence(report)
+    assert {p.probe: p.evidence for p in h.probes} == {
+        "short_budget": "verified", "chunk_budget": "verified", "prefix_block": "verified",
+        "shared_pass": "verified", "pass_tokens=40": "verified", "pass_bytes=10240": "verified",
+        "fa3_kv_128": "verified", "fa3_packed_query": "verified"}, h.why
+    assert h.evidence == "verified"
+    shown = {f"{p.probe}:{s.side}": s.shown for p in h.probes for s in p.sides}
+    assert "a pass filled to the budget of 256 tokens with a prompt chunked" in shown["chunk_budget:above"]
+    assert shown["prefix_block:below"].endswith("started from 0 cached tokens")
+    assert shown["prefix_block:at"].endswith("started from 8 cached tokens")
+    assert "held 40 tokens (threshold 40)" in shown["pass_tokens=40:below"]
+    assert "prefill pass of 41 tokens" in shown["pass_bytes=10240:above"]
+    kv = {side: int(shown[f"fa3_kv_128:{side}"].split("KV length ")[1].split()[0]) for side in ("below", "above")}
+    assert kv["below"] <= 128 < kv["above"]
