@@ -97,8 +97,45 @@ class OpCoverage(_Section):
     why: str = Field(default="", description="for uncovered ops: how its result can follow the batch")
 
 
-def _no_coverage(value: Any) -> bool:
+def _empty(value: Any) -> bool:
     return not value
+
+
+EvidenceClass = Literal["verified", "failed", "not verified"]
+
+
+class ProbeSideEvidence(_Section):
+    """One side of a hazard's probe, as the pass evidence of its trials shows it (oracle.posture.formed)."""
+
+    side: str = Field(description="below, at or above the threshold")
+    formed: list[int] = Field(default_factory=list, description="trials whose pass evidence shows the side formed")
+    shown: str = Field(default="", description="what the evidence showed (the first formed trial's, else the "
+                       "first that ran)")
+    not_formed: str = Field(default="", description="why the side did not form: the limit that ruled it out (the "
+                            "token budget, max_num_seqs, the model's context), what the evidence showed instead, "
+                            "or that the probe was left out; empty when it formed")
+
+
+class ProbeEvidence(_Section):
+    """One probe of a matched hazard: verified (every side formed), failed (a divergence in its trials) or not
+    verified (a side did not form)."""
+
+    probe: str = Field(description="the probe, `pass_tokens=48`")
+    evidence: EvidenceClass = Field(description="verified, failed or not verified")
+    sides: list[ProbeSideEvidence] = Field(default_factory=list, description="each side the probe plans")
+    divergent: list[int] = Field(default_factory=list, description="its trials with an invariant-mode divergence")
+
+
+class HazardEvidence(_Section):
+    """A matched hazard's evidence class: `verified` (its threshold crossed on both sides, as the engine's pass
+    evidence shows), `failed` (a divergence at the crossing) or `not verified` (a side did not form, and why)."""
+
+    id: str = Field(description="the hazard's id (`environment.hazards`)")
+    evidence: EvidenceClass = Field(description="verified, failed or not verified")
+    why: str = Field(default="", description="what the class rests on, in a line")
+    divergent: list[int] = Field(default_factory=list, description="trials of its probes, or that crossed its "
+                                 "threshold, with an invariant-mode divergence")
+    probes: list[ProbeEvidence] = Field(default_factory=list, description="each probe the hazard names")
 
 
 class PostureRecord(_Section):
@@ -110,9 +147,14 @@ class PostureRecord(_Section):
     digests: dict[str, str] = Field(default_factory=dict, description="mode -> the digest of its posture alone "
                                     "(a golden file pins the invariant one)")
     coverage: dict[str, dict[str, OpCoverage]] = Field(
-        default_factory=dict, exclude_if=_no_coverage,
+        default_factory=dict, exclude_if=_empty,
         description="mode -> op class (matmul, norm, attention, sampler, all_reduce) -> what runs it in that mode, "
                     "where the engine reports it; outside the digests, since it follows from the settings")
+    hazards: list[HazardEvidence] = Field(
+        default_factory=list, exclude_if=_empty,
+        description="per known hazard the invariant posture matched (`environment.hazards`): verified, failed or "
+                    "not verified, with the pass evidence of each probe side; outside the digests, absent without "
+                    "a matched hazard")
 
 
 class HazardRecord(_Section):

@@ -262,6 +262,7 @@ def finish(plan: Plan, results: dict[Mode, ModeResult], report: Report) -> None:
     report.checks, report.divergences = judge(runs)
     report.coverage = coverage(runs)
     report.hazard_probes = hazard_probes(runs, plan.unformed_probes)
+    record_hazard_evidence(runs, report)
     from oracle.variance_map import variance_map
 
     report.variance_map = variance_map(runs)
@@ -316,6 +317,25 @@ def match_posture_hazards(plan: Plan, report: Report) -> None:
     model, sampling = hazard_inputs(plan.config, plan.model)
     report.environment["hazards"] = [m.record() for m in match_hazards(invariant.model_dump(), model, sampling,
                                                                        hazards_for(plan.config))]
+
+
+def record_hazard_evidence(runs: Runs, report: Report) -> None:
+    """Each matched hazard's evidence class (verified, failed, not verified) into `environment.posture.hazards`,
+    from the judged trials' pass evidence and invariant mode's divergences (oracle.posture.evidence)."""
+    from oracle.posture.evidence import ProbeRuns, hazard_evidence
+
+    posture = report.posture
+    if posture is None or not report.hazards:
+        return
+    left_out = "no trial of it ran: the probe was left out of the schedule" + (
+        " (schedule.probes is none)" if runs.config.schedule.probes == "none" else "")
+    divergent = frozenset(d.trial_id for d in report.divergences if d.mode == "invariant" and d.trial_id is not None
+                          and d.check in ("invariance", "repeatability"))
+    probe_runs = ProbeRuns({tid: runs.trials[tid] for tid in runs.judged_ids},
+                           runs.inv.trials if runs.inv is not None else None, runs.unformed_probes, divergent, left_out)
+    crossed = {r.id: r.crossed_by for r in report.hazard_probes}
+    report.environment["posture"] = posture.model_copy(update={"hazards": [
+        hazard_evidence(h, crossed.get(h.id, ()), probe_runs) for h in report.hazards]})
 
 
 def record_posture(plan: Plan, report: Report) -> None:

@@ -96,7 +96,7 @@ def _verdict(runs: Runs, requirement: str, ev: dict[str, Any], recs: list[Diverg
 
 def _hazard_crossings(runs: Runs, hazard: HazardRecord) -> list[int]:
     """The invariant trials (judged ones) that crossed the threshold of one matched hazard (`environment.hazards`)."""
-    from oracle.posture.probes import crossed
+    from oracle.posture.formed import crossed
 
     inv = runs.inv
     specs = [spec_of(label) for label in hazard.probes]
@@ -141,7 +141,7 @@ def _hazards(runs: Runs) -> list[HazardRecord]:
 
 def _evidence_unformed(runs: Runs, labels: Sequence[str]) -> list[tuple[str, str]]:
     """Probe sides that ran but did not form, as their pass evidence shows (oracle.posture.probes)."""
-    from oracle.posture.probes import unformed_by_evidence
+    from oracle.posture.formed import unformed_by_evidence
 
     return unformed_by_evidence(runs.trials, runs.inv.trials, labels, runs.judged_ids) if runs.inv else []
 

@@ -24,9 +24,8 @@ crosses it on purpose, with one trial per side, read from the engine's config an
   N tokens (below) and N + 1 (above); `pass_bytes=B`: the same with N the tokens whose hidden state
   (hidden_size x the dtype's bytes) holds B bytes.
 
-A probe side whose trial ran but whose pass evidence shows it did not form (`unformed_by_evidence`: the
-target's prefill was not chunked under the short budget, the sequences sharing the prefix never shared a
-pass) never counts as crossed, and the report names it with what the evidence showed.
+Whether a side formed is read from the trial's pass evidence, never from the plan (oracle.posture.formed): a
+side that did not form never counts as crossed, and the report names it with what the evidence showed.
 
 Probes ignore the config's random ranges (a filler may be longer, a batch larger, a target longer than
 any the config draws): they go as far as the engine's limits allow (its token budget, max_num_seqs,
@@ -41,11 +40,12 @@ drawn schedule (ids after it), `probe` naming the stratum and side (`fa3_kv_256:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from oracle.config import Config
+from oracle.posture.formed import FA3_KV
 from oracle.posture.hazards import NAMED_PROBES, ProbeSpec
 from oracle.prompts import Target
 from oracle.schedule import Filler, Trial
@@ -54,11 +54,8 @@ if TYPE_CHECKING:
     from oracle.models.facts import ModelFacts
 
 PROBES = NAMED_PROBES  # the probes a config may name (schedule.probes)
-# Sides of a probe that are over its threshold: a trial of one of them that ran crossed it.
-CROSSING_SIDES = ("at", "above")
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FA3_LIMIT = 64  # packed query length x GQA ratio above which FA3 (head_dim 64) changes its configuration
-FA3_KV = 128  # the KV length above which that change shows
 # Fillers of a budget probe are at most this long, so no one of them is longer than a prompt needs to be.
 _FILLER_CAP = 512
 # vLLM's cascade attention (use_cascade_attention) needs a common prefix of 256 tokens and 8 requests.
@@ -402,74 +399,6 @@ def _token_bytes(model: ModelFacts, dtype: str) -> int | None:
     """Bytes of one token's hidden state (hidden_size x the dtype's size): what an all-reduce of a pass moves."""
     hidden = model.hidden_size
     return hidden * _DTYPE_BYTES.get(dtype, 2) if hidden is not None else None
-
-
-def _prefill_passes(evidence: Sequence[Any]) -> list[Any]:
-    return [e for e in evidence if getattr(e, "is_prefill", False)]
-
-
-def _short_budget_unformed(trial: Trial, side: str, evidence: Sequence[Any]) -> str | None:
-    prefill = _prefill_passes(evidence)
-    chunked = len(prefill) > 1 or any(getattr(e, "chunked", False) for e in prefill)
-    if side == "above" and not chunked:
-        return (f"trial {trial.trial_id}: the target's prefill took {len(prefill)} pass under a budget of "
-                f"{trial.max_num_batched_tokens}: not chunked")
-    if side == "below" and chunked:
-        return (f"trial {trial.trial_id}: the target's prefill took {len(prefill)} passes under a budget of "
-                f"{trial.max_num_batched_tokens}: chunked")
-    return None
-
-
-def _shared_prefix_unformed(trial: Trial, side: str, evidence: Sequence[Any]) -> str | None:
-    most = max((getattr(e, "num_seqs", 0) for e in evidence), default=0)
-    if most < trial.batch_size:
-        return (f"trial {trial.trial_id}: at most {most} of the {trial.batch_size} sequences sharing the prefix "
-                "were in one pass with the target")
-    return None
-
-
-# What the pass evidence of a probe's trial must show for its side to have formed, by probe name: why it did
-# not (None: it formed). A probe without a row counts by its plan.
-_FORMED: dict[str, Callable[[Trial, str, Sequence[Any]], str | None]] = {
-    "short_budget": _short_budget_unformed,
-    "shared_prefix": _shared_prefix_unformed,
-}
-
-
-def unformed_side(trial: Trial, evidence: Sequence[Any]) -> str | None:
-    """Why a probe trial that ran did not form its side, as its target's per-pass evidence shows; None when it
-    formed (or when its probe has no evidence rule, or the trial is no probe's)."""
-    name, _, side = trial.probe.partition(":")
-    rule = _FORMED.get(name.partition("=")[0])
-    return rule(trial, side, evidence) if rule is not None and side else None
-
-
-def unformed_by_evidence(trials: Mapping[int, Trial], results: Mapping[int, Any], labels: Sequence[str],
-                         ids: Sequence[int]) -> list[tuple[str, str]]:
-    """(`probe:side`, what the evidence showed) for each trial of `ids` of one of the probes `labels` that ran
-    without forming its side."""
-    out = []
-    for tid in ids:
-        trial = trials[tid]
-        if tid in results and trial.probe.partition(":")[0] in labels:
-            why = unformed_side(trial, results[tid].evidence)
-            if why is not None:
-                out.append((trial.probe, why))
-    return out
-
-
-def crossed(spec: ProbeSpec, trial: Trial, evidence: Sequence[Any]) -> bool:
-    """Whether a trial that ran crossed `spec`'s threshold: a probe trial of it on a side over the threshold
-    whose evidence shows that side formed, or (pass_tokens, shared_pass) any trial whose per-pass evidence
-    shows a pass over it."""
-    name, _, side = trial.probe.partition(":")
-    if name == spec.label and side in CROSSING_SIDES:
-        return unformed_side(trial, evidence) is None
-    if spec.name == "shared_pass":
-        return any(getattr(e, "num_seqs", 0) >= 2 for e in evidence)
-    if spec.name == "pass_tokens" and spec.at is not None:
-        return any(getattr(e, "num_tokens", 0) > spec.at for e in evidence)
-    return False
 
 
 def probe_hits(trial: Trial) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from oracle.observer import Observer
 from oracle.posture import coverage_line, hazard_summary_lines, summary_line
+from oracle.posture.evidence import evidence_line
 from oracle.render.escape import terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
@@ -184,6 +185,9 @@ def _checks_table(console: Console, report: Report, narrow: bool) -> None:
             console.print(f"  {c.name}: {terminal_text(c.message)}", style=style(c))
 
 
+_EVIDENCE_STYLE = {"verified": "green", "failed": "red", "not verified": "yellow"}
+
+
 def _footer(console: Console, report: Report, report_path: str) -> None:
     """The engine error, the run's posture and hazards, where the report is, the time and the exit code."""
     if report.error:
@@ -196,6 +200,8 @@ def _footer(console: Console, report: Report, report_path: str) -> None:
         console.print(terminal_text(covered))
     for line in hazard_summary_lines(report.hazards):
         console.print(terminal_text(line), style="yellow")
+    for h in report.posture.hazards if report.posture is not None else ():
+        console.print(terminal_text(evidence_line(h)), style=_EVIDENCE_STYLE[h.evidence])
     console.print(f"report: {terminal_text(report_path)}   time: {time_text(report)}   exit {report.exit_code()}")
     beside = other_files(Path(report_path).parent)
     if beside:

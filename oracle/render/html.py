@@ -288,6 +288,16 @@ def _variance_map(report: Report) -> str:
                       for row in map_rows(report.variance_map)) + "</table>")
 
 
+def _hazards(report: Report) -> str:
+    """Each matched hazard's evidence class and what it rests on (`environment.posture.hazards`)."""
+    hazards = report.posture.hazards if report.posture is not None else []
+    if not hazards:
+        return ""
+    return ("<h2>Known hazards</h2><table><tr><th>hazard</th><th>evidence</th><th>why</th></tr>"
+            + "".join(f"<tr><td>{e(h.id)}</td><td>{e(h.evidence)}</td><td>{e(h.why)}</td></tr>" for h in hazards)
+            + "</table>")
+
+
 def _coverage(report: Report) -> str:
     cov = report.coverage
     if not cov:
@@ -314,7 +324,7 @@ def render_html(report: Report, report_path: str = "report.json") -> str:
 <h2>Checks</h2>
 <table><tr><th>check</th><th>requirement</th><th>verdict</th><th>trials</th><th>divergent</th><th>detail</th></tr>
 {_check_rows(report)}</table>
-{_golden(report)}{_variance_map(report)}{_coverage(report)}
+{_golden(report)}{_hazards(report)}{_variance_map(report)}{_coverage(report)}
 <h2>Plots</h2>
 {_plots(report)}
 <h2>Divergences ({len(divs)})</h2>

@@ -70,8 +70,13 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
                  targets: set[str], report_path: str) -> None:
     """A check's testsuite: a testcase per target, and an `all targets` one for a verdict no target explains."""
     suite = _el(suites, "testsuite", name=f"oracle.{c.name}")
+    props: dict[str, object] = {}
     if c.strength is not None:  # what a pass rules out, as numbers a CI dashboard can read
-        _properties(suite, {f"strength.{k}": v for k, v in c.strength.model_dump(mode="json").items()})
+        props.update({f"strength.{k}": v for k, v in c.strength.model_dump(mode="json").items()})
+    if c.name == "invariance":  # the matched hazards it is gated on, with their evidence class
+        props.update(_hazard_properties(report))
+    if props:
+        _properties(suite, props)
     golden = _golden_targets(c)
     outcomes = [_target_case(suite, report, c, target, divs_of.get(target, []), target in golden, report_path)
                 for target in sorted(targets | set(divs_of) | golden)]
@@ -83,6 +88,12 @@ def _check_suite(suites: ET.Element, report: Report, c: CheckResult, divs_of: Ma
         # A warn-level vacuous check is a note on its suite, not a failure.
         _el(suite, "system-out", f"{c.requirement}: {shown_verdict(c)}: {c.message}")
     _set_counts(suite, outcomes)
+
+
+def _hazard_properties(report: Report) -> dict[str, object]:
+    """`hazard.ID.evidence` (verified, failed, not verified) and `hazard.ID.why` per matched hazard."""
+    hazards = report.posture.hazards if report.posture is not None else []
+    return {k: v for h in hazards for k, v in ((f"hazard.{h.id}.evidence", h.evidence), (f"hazard.{h.id}.why", h.why))}
 
 
 def _golden_targets(c: CheckResult) -> set[str]:

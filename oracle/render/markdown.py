@@ -7,6 +7,7 @@ backticks and cell breaks are escaped, so model text is never read as markup.
 from __future__ import annotations
 
 from oracle.posture import coverage_line, hazard_summary_lines, summary_line
+from oracle.posture.evidence import evidence_lines
 from oracle.render.escape import markdown_text, terminal_text
 from oracle.render.findings import golden_lines, localized_line, replay_lines, ulp_text
 from oracle.render.timings import timing_line
@@ -104,6 +105,7 @@ def _head(report: Report) -> list[str]:
     if covered:
         lines += ["", markdown_text(covered)]
     lines += [f"- **{markdown_text(x)}**" for x in hazard_summary_lines(report.hazards)]
+    lines += [f"- {markdown_text(x)}" for x in evidence_lines(report.posture)]
     return lines
 
 

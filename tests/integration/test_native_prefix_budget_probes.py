@@ -14,8 +14,8 @@ import yaml
 
 from oracle.config import parse_config
 from oracle.engines.contract import StepEvidence
+from oracle.posture.formed import crossed, unformed_side
 from oracle.posture.hazards import ProbeSpec
-from oracle.posture.probes import crossed, unformed_side
 from oracle.runner import run
 from oracle.schedule import Filler, Trial
 

@@ -186,7 +186,7 @@ def test_shared_prefix_and_short_budget_probes_form_on_vllm(small_qwen3: Path, t
     """A hazards file of the test declares both probes for vLLM (a shared prefix of 24 tokens, to stay small):
     each side's trial runs on vLLM's scheduler, its pass evidence shows the side formed (the prompt chunked
     under the short budget, whole under the long one; the 8 sharers in one pass), the crossing sides cross,
-    and oracle_kernels hold across them."""
+    the hazard is `verified`, and oracle_kernels hold across them."""
     import yaml
 
     hazard = {"id": "vllm-cpu-prefix-and-budget", "title": "shared prefix and short budget probes (test)",
@@ -208,3 +208,9 @@ def test_shared_prefix_and_short_budget_probes_form_on_vllm(small_qwen3: Path, t
     (record,) = report.hazard_probes
     assert record.not_formed == [] and record.untested == ""
     assert sorted(probe[t] for t in record.crossed_by) == ["shared_prefix=24:at", "short_budget:above"]
+    # The posture's evidence class: every side formed, as vLLM's own pass evidence shows (environment.posture.hazards).
+    assert report.posture is not None
+    (evidence,) = report.posture.hazards
+    assert evidence.evidence == "verified", evidence.why
+    formed = {f"{p.probe}:{s.side}": [probe[t] for t in s.formed] for p in evidence.probes for s in p.sides}
+    assert formed == {key: [key] for key in probe.values()}

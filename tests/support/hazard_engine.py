@@ -18,3 +18,12 @@ class HazardEngine(PlantedEngine):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "engine": "native"}
+
+
+class BudgetBlindEngine(HazardEngine):
+    """`HazardEngine` that ignores a trial's own token budget: every trial runs under the engine's
+    `max_num_batched_tokens`, so a probe side planned by a budget (short_budget's `above`: a budget below the
+    target's prompt) runs but does not form, and its pass evidence says so."""
+
+    def generate(self, requests: Any, max_num_batched_tokens: int | None = None) -> list[Any]:
+        return super().generate(requests, None)

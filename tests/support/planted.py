@@ -109,3 +109,29 @@ class PlantedTransformersEngine(TransformersEngine):
             return super().generate(requests, max_num_batched_tokens)
         with self.fault:
             return super().generate(requests, max_num_batched_tokens)
+
+
+class FlakyFault(PlantedFault):
+    """`PlantedFault` that fires in one forward pass of every `period` (counted over the engine's life), whatever
+    the pass holds: a run-to-run fault, not a batch-variant one."""
+
+    def __init__(self, module_path: Callable[[], str], module: str, op: str, ulps: int, period: int) -> None:
+        super().__init__(module_path, module, op, 0, ulps)
+        self.period, self.passes = period, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.embedding.default:
+            self.passes += 1
+        if self.passes % self.period:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class FlakyEngine(PlantedEngine):
+    """The native engine whose invariant mode moves `aten.mm` of layer 1's down_proj by `ulps` in one pass of every
+    `period`: run to run, whatever the batch."""
+
+    def __init__(self, model: Path | Decoder, mode: Mode, *, period: int = 7, **kwargs: Any) -> None:
+        super().__init__(model, mode, **kwargs)
+        scopes, f = self.decoder.scopes, self.fault
+        self.fault = FlakyFault(lambda: scopes.path[-1] if scopes.path else "", f.module, f.op, f.ulps, period)

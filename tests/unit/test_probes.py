@@ -158,3 +158,25 @@ def test_vllm_sampler_posture_follows_the_flag_and_is_unknown_unset(flag: str | 
 
     env = {} if flag is None else {"VLLM_USE_FLASHINFER_SAMPLER": flag}
     assert _vllm_sampler(env) == (UNKNOWN if sampler == "unknown" else sampler)
+
+
+def test_a_quantity_the_engine_does_not_report_forms_no_side() -> None:
+    """A custom engine's evidence without the longest query, the KV length or chunked prompts (None) shows no
+    fa3, chunk_budget or pass_bytes side formed, and says which quantity was missing; with them it does."""
+    from oracle.engines.contract import StepEvidence
+    from oracle.posture.formed import Side, side_of
+    from oracle.schedule import Filler, Trial
+
+    fa3 = Trial(3, 0, 0, 0, (Filler(1, 66, 1, 2),), None, probe="fa3_kv_128:above")
+    bare = [StepEvidence(0, 1, 129, True), StepEvidence(1, 1, 1, False, token_index=0),
+            StepEvidence(2, 2, 67, False, token_index=1)]
+    side = side_of(fa3, bare)
+    assert side is not None and not side.formed and "does not report the pass's longest query" in side.shown
+    told = [*bare[:2], StepEvidence(2, 2, 67, False, token_index=1, max_query_len=66, kv_len=131)]
+    assert side_of(fa3, told) == Side(True, "trial 3: the target decoded at KV length 131 beside a prefill of 66 tokens")
+    below = Trial(4, 0, 0, 0, (Filler(1, 66, 1, 2),), None, probe="fa3_kv_128:below")
+    assert not side_of(below, told).formed  # type: ignore[union-attr]  # KV 131 is over 128
+    whole = Trial(5, 0, 0, 0, (Filler(1, 20, 1, 0),), None, probe="pass_bytes=10240:above")
+    side = side_of(whole, [StepEvidence(0, 2, 41, True)])
+    assert side is not None and not side.formed and "does not report whether a prompt" in side.shown
+    assert side_of(whole, [StepEvidence(0, 2, 41, True, has_chunked=False)]).formed  # type: ignore[union-attr]

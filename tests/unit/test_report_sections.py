@@ -27,12 +27,19 @@ from oracle.report_sections import (
 )
 from oracle.runner import run
 
-SECTION_MODELS = ("ModePosture", "PostureRecord", "HazardRecord", "SearchRecord", "SearchStopped",
-                  "ExampleDbRecord", "ShardSlice", "MergedShards", "MergedShard")
+SECTION_MODELS = ("ModePosture", "PostureRecord", "HazardRecord", "HazardEvidence", "ProbeEvidence",
+                  "ProbeSideEvidence", "SearchRecord", "SearchStopped", "ExampleDbRecord", "ShardSlice",
+                  "MergedShards", "MergedShard")
 
 HAZARD = {"id": "planted", "title": "a planted hazard", "match": "matches", "unknown": [], "references": ["here"],
           "status": "open", "threshold": "a pass of more than 48 tokens", "probes": ["pass_tokens=48"],
           "source": "my-hazards.yaml"}
+EVIDENCE = {"id": "planted", "evidence": "verified", "why": "pass_tokens=48:below trial 7: ...; above trial 8: ...",
+            "divergent": [], "probes": [{"probe": "pass_tokens=48", "evidence": "verified", "sides": [
+                {"side": "below", "formed": [7], "shown": "trial 7: the target's largest pass held 48 tokens",
+                 "not_formed": ""},
+                {"side": "above", "formed": [8], "shown": "trial 8: the target's largest pass held 49 tokens",
+                 "not_formed": ""}], "divergent": []}]}
 SEARCH = {"asked": 4, "run": 4, "hypothesis_seed": 12, "failing_trials": [21], "best": {"packed query length": 39,
           "log2 ULP of the difference": 2.5, "sequences per pass: gap to the nearest seen": 1.0},
           "trial_ids": [20, 21, 22, 23]}
@@ -102,6 +109,21 @@ def test_a_report_read_and_written_again_keeps_its_bytes(written: dict[str, Any]
     assert isinstance(report.posture, PostureRecord) and report.posture.modes["invariant"].engine == "fake"
     assert report.hazards == [HazardRecord.model_validate(HAZARD)] and report.hazards[0].cite() == "planted (here)"
     assert report.to_json() == path.read_text()  # the environment's keys in their order, the posture's too
+
+
+def test_a_posture_with_hazard_evidence_reads_typed_and_writes_back_the_same(written: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    """`environment.posture.hazards` (a run with a matched hazard) reads back typed, keeps its bytes, and stays out
+    of the posture's digests; a posture without it (every report before it, a run with no hazard) has no key."""
+    assert "hazards" not in written["environment"]["posture"]
+    data = copy.deepcopy(written)
+    data["environment"]["hazards"] = [HAZARD]
+    data["environment"]["posture"]["hazards"] = [EVIDENCE]
+    path = _write(tmp_path, data)
+    report = load_report(path)
+    assert report.posture is not None and report.posture.hazards[0].probes[0].sides[1].formed == [8]
+    assert report.posture.digest == written["environment"]["posture"]["digest"]
+    assert report.to_json() == path.read_text()
 
 
 @pytest.mark.parametrize(("section", "value", "model"), SHAPES, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(SHAPES)])
