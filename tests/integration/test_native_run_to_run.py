@@ -29,3 +29,26 @@ def test_a_planted_run_to_run_fault_is_run_to_run_not_the_batch(tiny_qwen3: Path
     assert checks["invariance"].verdict == "fail" and invariance
     assert {d.cause for d in invariance} == {"nondeterminism"}
     assert "run-to-run nondeterminism, not batch variance" in checks["invariance"].message
+
+
+def test_a_planted_sampler_fault_is_the_samplers(tiny_qwen3: Path, tmp_path: Path) -> None:
+    # One generator for every seeded request of a call (tests/support/planted.py `SharedRngEngine`): in a batch the
+    # target draws other noise from bitwise equal logits.
+    report = run(parse_config({
+        "model": str(tiny_qwen3),
+        "engine": {"kind": "planted:SharedRngEngine", "device": "cpu"},
+        "prompts": {"random": {"count": 3, "min_len": 4, "max_len": 8}},
+        "sampling": {"max_tokens": 4, "temperature": 1.0, "seed": 3},
+        "schedule": {"trials": 6, "seed": 7, "batch_size": [2, 4], "repeat_trials": 2},
+        "checks": {"invariance": {"requirement": "required", "localize": "off"}, "repeatability": "required",
+                   "fidelity": "off", "drift": "off", "negative_control": "off", "prefill_decode": "off",
+                   "prefix_cache": "off"},
+        "report_dir": str(tmp_path / "report"),
+    }))
+    checks = {c.name: c for c in report.checks}
+    invariance = [d for d in report.divergences if d.check == "invariance"]
+    assert checks["invariance"].verdict == "fail" and invariance
+    assert {d.cause for d in invariance} == {"sampling"}, [(d.cause, d.kind) for d in invariance]
+    assert all(d.kind == "token" for d in invariance)
+    assert "the sampler's (another token sampled from bitwise equal logits)" in checks["invariance"].message
+    assert checks["repeatability"].verdict == "pass"  # the same call gives the same draws twice

@@ -135,3 +135,21 @@ class FlakyEngine(PlantedEngine):
         super().__init__(model, mode, **kwargs)
         scopes, f = self.decoder.scopes, self.fault
         self.fault = FlakyFault(lambda: scopes.path[-1] if scopes.path else "", f.module, f.op, f.ulps, period)
+
+
+class SharedRngEngine(NativeEngine):
+    """The native engine with a sampler fault in invariant mode: every seeded request of one `generate` call draws
+    its noise from one generator (the first seeded request's), so a request's draws follow what else is in the
+    call, while its logits stay bitwise those of its solo run. Production mode is the engine's own."""
+
+    def generate(self, requests: Any, max_num_batched_tokens: int | None = None) -> list[Completion]:
+        self._shared: torch.Generator | None = None
+        return super().generate(requests, max_num_batched_tokens)
+
+    def _generator(self, r: Any) -> torch.Generator | None:
+        own = super()._generator(r)
+        if own is None or self.mode != "invariant":
+            return own
+        if self._shared is None:
+            self._shared = own
+        return self._shared
