@@ -16,11 +16,14 @@ none, so fp32 stays on the composition (the launchers fall back to it).
 
 The RMS reduction is `reduction.row_rstd`, the code rms_norm_kernel runs, with the same BLOCK and
 num_warps (`row_tiles`). Its tl.sum adds the lanes in a tree that follows the register layout the
-compiler gives the sum, and that layout follows the loads: the composition's kernel reads fp32 (four
-to a 16-byte vector), a fused kernel reads halves (eight to a vector). So the fused kernels cap the
-contiguity their loads see at FP32_VECTOR; with the same pointer alignment (fresh, 16-byte aligned
-rows, stride = row length) they get the same layout, hence the same tree. Triton's CPU interpreter
-has no layouts and no FMA: tests/unit/triton_interpreter_cases.py checks the formulas and roundings,
+compiler gives the sum, and that layout follows the widest aligned access among the kernel's loads and
+stores: the composition's kernel reads and writes fp32 rows (four to a 16-byte vector when the row
+length is a multiple of 16, which Triton specializes on, else one), a fused kernel reads halves (eight
+to a vector) and an always aligned weight. So the fused kernels cap the contiguity their accesses see
+at what the composition's get (`load_contiguity`); with the same pointer alignment (fresh, 16-byte
+aligned rows, stride = row length) they get the same layout, hence the same tree. Triton's CPU
+interpreter has no layouts and no FMA: tests/unit/triton_interpreter_fused_cases.py checks the formulas
+and roundings, tests/unit/test_kernels_triton_layout.py the layouts the compiler picks (no GPU needed),
 tests/gpu/test_fused_cuda.py the bits on a GPU.
 """
 
@@ -123,6 +126,13 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.clone() if x.data_ptr() % 16 else x
 
 
+def load_contiguity(length: int) -> int:
+    """The contiguity the fused kernels let their accesses see for rows of `length`: the vector width
+    rms_norm_kernel's fp32 accesses get on the composition's fresh copy (16 bytes if the row stride is a
+    multiple of 16 elements, else 4 bytes). Never wider, so the reduction's register layout is the same."""
+    return FP32_VECTOR if length % 16 == 0 else 1
+
+
 def fusable(*tensors: torch.Tensor) -> bool:
     """Whether the fused kernels give the composition's bits for these operands: one half dtype throughout."""
     dtype = tensors[0].dtype
@@ -146,7 +156,7 @@ def add_rms_norm(
         tiles = row_tiles(length)
         add_rms_norm_kernel[(num_rows,)](
             rows, res, _rows(weight), out, h, length, eps,
-            BLOCK=block or tiles.block, HAS_RESIDUAL=residual is not None, MAX_CONTIGUOUS=FP32_VECTOR,
+            BLOCK=block or tiles.block, HAS_RESIDUAL=residual is not None, MAX_CONTIGUOUS=load_contiguity(length),
             num_warps=tiles.num_warps,
         )
     return out.view(x.shape), (h.view(x.shape) if residual is not None else x)
@@ -164,7 +174,8 @@ def qk_norm_rope(
         qk_norm_rope_kernel[(num_tokens * num_heads,)](
             rows, _rows(weight) if weight is not None else rows, _rows(cos), _rows(sin), out,
             head_dim, num_heads, eps,
-            BLOCK=tiles.block, HAS_NORM=weight is not None, MAX_CONTIGUOUS=FP32_VECTOR, num_warps=tiles.num_warps,
+            BLOCK=tiles.block, HAS_NORM=weight is not None, MAX_CONTIGUOUS=load_contiguity(head_dim),
+            num_warps=tiles.num_warps,
         )
     return out
 
