@@ -3,8 +3,10 @@
 With the kernels enabled, row i of op(x[:M]) is bitwise equal to op(x[i:i+1]) for every covered
 op, whatever M and whatever the other rows hold; `paged_attention` gives a token the same bits
 in prefill, chunked prefill and decode, alone or batched. Importing registers nothing (it only
-defines our own `oracle_kernels::paged_attention` op); `enable()` replaces torch's CPU and CUDA
-kernels and `disable()` restores them.
+defines our own ops: `oracle_kernels::paged_attention`, and the decoder's fused chains of fused.py,
+whose default is their torch composition); `enable()` replaces torch's CPU and CUDA kernels and ours
+(on CUDA the fused chains become single Triton kernels, bitwise the composition) and `disable()`
+restores them.
 
     import oracle_kernels
     with oracle_kernels.batch_invariant():
@@ -18,6 +20,7 @@ with split-K off wherever it was seen to give the Triton kernel's bits (kernels/
 the CUDA kernels against torch's.
 """
 
+from . import fused
 from .attention import paged_attention, reference_attention
 from .audit import BATCH_VARIANT_OPS, AuditResult, audit, can_vary_with_batch
 from .cublaslt import summary as matmul_paths
@@ -32,6 +35,7 @@ __all__ = [
     "covered_ops",
     "disable",
     "enable",
+    "fused",
     "is_enabled",
     "matmul_paths",
     "paged_attention",

@@ -36,6 +36,9 @@ _REDUCING_OPS = frozenset({
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     # Our attention op: its default (production) path splits the KV range by batch size.
     "oracle_kernels::paged_attention",
+    # Our fused decoder chains (kernels/fused.py): their default path is the composition on torch's kernels.
+    "oracle_kernels::rms_norm", "oracle_kernels::add_rms_norm", "oracle_kernels::qk_norm_rope",
+    "oracle_kernels::silu_mul",
 })
 
 # Elementwise ops whose CPU kernel runs a vectorised function on whole vectors and a scalar one

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import cublaslt
+from . import cublaslt, fused
 from .cpu import attention as cpu_attention
 from .cpu import matmul, pointwise, reduction
 from .triton import adapters as cuda
@@ -34,7 +34,7 @@ from .triton import adapters as cuda
 class Override:
     """One registration: `namespace::op` on `dispatch_key` runs `kernel`."""
 
-    namespace: str  # "aten", or "oracle_kernels" for our own attention op
+    namespace: str  # "aten", or "oracle_kernels" for our own ops (attention, the decoder's fused chains)
     op: str  # name and overload as in the schema: "mm", "sum.dim_IntList"
     dispatch_key: str  # "CPU"; "CUDA" for the Triton backend
     kernel: Callable[..., Any]
@@ -58,6 +58,8 @@ OVERRIDES: tuple[Override, ...] = (
     Override("aten", "sigmoid", "CPU", pointwise.sigmoid_adapter),
     Override("aten", "rsqrt", "CPU", pointwise.rsqrt_adapter),
     Override("oracle_kernels", "paged_attention", "CPU", cpu_attention.paged_attention_adapter),
+    # The decoder's fused chains (kernels/fused.py): on the CPU, their torch composition over the kernels above.
+    *(Override("oracle_kernels", name, "CPU", composed) for name, composed in fused.COMPOSED.items()),
     # CUDA: Triton kernels (kernels/triton/); triton is imported on the first CUDA call.
     Override("aten", "mm", "CUDA", cuda.mm_adapter),
     Override("aten", "addmm", "CUDA", cuda.addmm_adapter),
@@ -73,6 +75,10 @@ OVERRIDES: tuple[Override, ...] = (
     Override("aten", "sigmoid", "CUDA", cuda.sigmoid_adapter),
     Override("aten", "rsqrt", "CUDA", cuda.rsqrt_adapter),
     Override("oracle_kernels", "paged_attention", "CUDA", cuda.paged_attention_adapter),
+    Override("oracle_kernels", "rms_norm", "CUDA", cuda.rms_norm_adapter),
+    Override("oracle_kernels", "add_rms_norm", "CUDA", cuda.add_rms_norm_adapter),
+    Override("oracle_kernels", "qk_norm_rope", "CUDA", cuda.qk_norm_rope_adapter),
+    Override("oracle_kernels", "silu_mul", "CUDA", cuda.silu_mul_adapter),
 )
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}

@@ -23,7 +23,9 @@ from oracle.bench import _write, prepared_workload
 from oracle.errors import ConfigError
 
 # First match wins; names lowercased. Rotary embedding, residual adds, silu * up and casts are plain
-# elementwise kernels whose names do not say which op of the model they serve: they are `elementwise`.
+# elementwise kernels whose names do not say which op of the model they serve: they are `elementwise`. Of the
+# fused chains (kernels/triton/fused.py), add_rms_norm_kernel is `norm`, qk_norm_rope_kernel and silu_mul_kernel
+# `elementwise`.
 OP_CLASSES: tuple[tuple[str, str], ...] = (
     ("attention", r"partition_kernel|merge_kernel|paged_attention|flash|attn"),
     ("matmul", r"matmul_kernel|gemm|nvjet|cutlass|xmma|cublas|aten::(mm|addmm|bmm|linear|matmul|einsum)\b"),
@@ -33,7 +35,7 @@ OP_CLASSES: tuple[tuple[str, str], ...] = (
     ("copy", r"memcpy|memset|aten::(copy_|_to_copy|to|fill_|zero_|zeros|empty|empty_strided|new_empty|new_zeros|"
              r"clone|contiguous|as_strided|unsqueeze|squeeze|t|transpose|expand|permute|select|arange|"
              r"scalar_tensor)\b"),
-    ("elementwise", r"elementwise|vectorized|unary_kernel|silu|aten::(mul|add|sub|neg|cat|cos|sin|where|"
+    ("elementwise", r"elementwise|vectorized|unary_kernel|silu|rope_kernel|aten::(mul|add|sub|neg|cat|cos|sin|where|"
                     r"masked_fill|div|exp|log|embedding|index|index_select|slice|view|reshape|mul_|add_|div_|eq|"
                     r"le|lt|ge|gt|bitwise_\w+|floor_divide|remainder|amax|sum|nonzero|repeat_interleave)\b"),
 )

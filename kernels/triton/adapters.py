@@ -123,3 +123,54 @@ def paged_attention_adapter(
     from . import attention
 
     return attention.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+# --- the decoder's fused chains (fused.py; kernels/fused.py defines the ops and their compositions) ----------
+# bf16 and fp16 run the fused kernel; any other dtype, or operands of mixed dtypes, the composition.
+
+
+def rms_norm_adapter(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """oracle_kernels::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"""
+    from .. import fused as composed
+    from . import fused
+
+    if not fused.fusable(x, weight):
+        return composed.rms_norm_composed(x, weight, eps)
+    return fused.add_rms_norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm_adapter(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """oracle_kernels::add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)"""
+    from .. import fused as composed
+    from . import fused
+
+    if not fused.fusable(x, residual, weight) or x.shape != residual.shape:
+        h = residual + x
+        return composed.rms_norm_composed(h, weight, eps), h
+    return fused.add_rms_norm(x, residual, weight, eps)
+
+
+def qk_norm_rope_adapter(
+    x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """oracle_kernels::qk_norm_rope(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps) -> Tensor"""
+    from .. import fused as composed
+    from . import fused
+
+    head_dim = x.shape[-1]
+    operands = (x, cos, sin) if weight is None else (x, weight, cos, sin)
+    if (not fused.fusable(*operands) or x.dim() != 3 or head_dim % 2 or head_dim > fused.MAX_HEAD_DIM
+            or cos.shape != (x.shape[0], 1, head_dim) or sin.shape != cos.shape):
+        return composed.rope_composed(composed.rms_norm_composed(x, weight, eps) if weight is not None else x, cos, sin)
+    return fused.qk_norm_rope(x, weight, cos, sin, eps)
+
+
+def silu_mul_adapter(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """oracle_kernels::silu_mul(Tensor gate, Tensor up) -> Tensor"""
+    from . import fused
+
+    if not fused.fusable(gate, up) or gate.shape != up.shape:
+        return torch.nn.functional.silu(gate) * up
+    return fused.silu_mul(gate, up)

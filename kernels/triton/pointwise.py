@@ -20,20 +20,28 @@ SILU, SIGMOID, RSQRT = 0, 1, 2
 
 
 @triton.jit
+def unary_math(x, OP: tl.constexpr, BLOCK: tl.constexpr, FP64: tl.constexpr):
+    """op(x) for x in fp32 (fp64 when FP64), with a correctly rounded divide and sqrt.
+
+    Triton's fp32 `/` is the approximate div.full (2 ulp), and sqrt_rn / div_rn take fp32 only
+    (fp64's `/` and sqrt are IEEE already). unary_kernel and fused.py's silu_mul_kernel both call it.
+    """
+    num = x if OP == 0 else tl.full((BLOCK,), 1.0, x.dtype)
+    den = (tl.sqrt(x) if FP64 else tl.sqrt_rn(x)) if OP == 2 else tl.exp(-x) + 1.0
+    return num / den if FP64 else tl.math.div_rn(num, den)
+
+
+@triton.jit
 def unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, FP64: tl.constexpr):
     """out[i] = op(x[i]) for i < n, both contiguous; program p owns elements [p * BLOCK, (p + 1) * BLOCK).
 
-    Computed in fp32 (fp64 when FP64) with a correctly rounded divide and sqrt: Triton's fp32 `/`
-    is the approximate div.full (2 ulp), and sqrt_rn / div_rn take fp32 only (fp64's `/` and
-    sqrt are IEEE already).
+    Computed in fp32 (fp64 when FP64) by `unary_math`, rounded once to out's dtype.
     """
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask, other=1.0)
     x = x.to(tl.float64) if FP64 else x.to(tl.float32)
-    num = x if OP == 0 else tl.full((BLOCK,), 1.0, x.dtype)
-    den = (tl.sqrt(x) if FP64 else tl.sqrt_rn(x)) if OP == 2 else tl.exp(-x) + 1.0
-    y = num / den if FP64 else tl.math.div_rn(num, den)
+    y = unary_math(x, OP, BLOCK, FP64)
     tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

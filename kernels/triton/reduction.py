@@ -81,6 +81,41 @@ def sum_kernel(
 
 
 @triton.jit
+def rms_tile(x_row, r_row, cols, C, ACC_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Columns `cols` of a row in ACC_DTYPE: x, or with HAS_RESIDUAL r + x rounded to x's dtype once, as
+    torch's half-precision add does (fp32 sum of the two, then one rounding)."""
+    x = tl.load(x_row + cols, mask=cols < C, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_row + cols, mask=cols < C, other=0.0)
+        x = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+    return x.to(ACC_DTYPE)
+
+
+@triton.jit
+def row_rstd(
+    x_row, r_row, C, eps, lanes,
+    BLOCK: tl.constexpr, ACC_DTYPE: tl.constexpr, FP64: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    """1 / sqrt(mean(x^2) + eps) of one row (`rms_tile`'s values), in ACC_DTYPE.
+
+    The one copy of the RMS reduction: rms_norm_kernel and the fused kernels of fused.py call it, so the
+    fused ones sum in the same order by construction (lane l accumulates columns l, l + BLOCK, ...; then
+    one tl.sum). The tree of that tl.sum follows the register layout the compiler gives `squares`, which
+    follows the loads: callers pass `lanes` whose contiguity gives the loads the same vector width.
+    """
+    squares = tl.zeros((BLOCK,), ACC_DTYPE)
+    for c0 in range(0, C, BLOCK):
+        cols = c0 + lanes
+        x = rms_tile(x_row, r_row, cols, C, ACC_DTYPE, HAS_RESIDUAL)
+        squares += x * x
+    mean = tl.sum(squares, axis=0) / C
+    # Correctly rounded sqrt and divide: the CPU backend's rsqrt formula. (fp64's sqrt and
+    # divide are IEEE already; sqrt_rn and div_rn take fp32 only.)
+    one = tl.full((), 1.0, ACC_DTYPE)
+    return one / tl.sqrt(mean + eps) if FP64 else tl.math.div_rn(one, tl.sqrt_rn(mean + eps))
+
+
+@triton.jit
 def rms_norm_kernel(
     x_ptr, w_ptr, out_ptr, rstd_ptr, C, stride_x, stride_out, eps,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, ACC_DTYPE: tl.constexpr, FP64: tl.constexpr,
@@ -93,16 +128,7 @@ def rms_norm_kernel(
     x_row = x_ptr + row * stride_x
     out_row = out_ptr + row * stride_out
     lanes = tl.arange(0, BLOCK)
-    squares = tl.zeros((BLOCK,), ACC_DTYPE)
-    for c0 in range(0, C, BLOCK):
-        cols = c0 + lanes
-        x = tl.load(x_row + cols, mask=cols < C, other=0.0).to(ACC_DTYPE)
-        squares += x * x
-    mean = tl.sum(squares, axis=0) / C
-    # Correctly rounded sqrt and divide: the CPU backend's rsqrt formula. (fp64's sqrt and
-    # divide are IEEE already; sqrt_rn and div_rn take fp32 only.)
-    one = tl.full((), 1.0, ACC_DTYPE)
-    rstd = one / tl.sqrt(mean + eps) if FP64 else tl.math.div_rn(one, tl.sqrt_rn(mean + eps))
+    rstd = row_rstd(x_row, x_row, C, eps, lanes, BLOCK, ACC_DTYPE, FP64, False)
     tl.store(rstd_ptr + row, rstd.to(rstd_ptr.dtype.element_ty))
     for c0 in range(0, C, BLOCK):
         cols = c0 + lanes

@@ -28,7 +28,7 @@ from oracle.engine_options import NativeOptions
 from oracle.engines.contract import Completion, Mode, Request, RunSpec, StepEvidence
 from oracle.engines.native.graphs import DecodeGraphs
 from oracle.engines.native.loader import DTYPES, load_decoder
-from oracle.engines.native.model import Decoder, StepInputs
+from oracle.engines.native.model import Decoder, StepInputs, fused_path_applies
 from oracle.engines.native.parallel import Reducer
 from oracle.engines.native.profile import StepProfile
 from oracle.engines.native.sampler import SampledRows, queue_rows, request_generator
@@ -279,7 +279,9 @@ class NativeEngine:
                            logits_digests=[] if r.sampling.logits == "digest" else None, top2=[])
                 for r in requests]
         generators = [self._generator(r) for r in requests]
-        with torch.no_grad(), self._threads(), self._kernels():
+        # The decoder's fused chains where they give the composition's bits; never under per-op capture (pass_hook).
+        fused = self.pass_hook is None and fused_path_applies(self.mode, self.device, self.decoder.dtype)
+        with torch.no_grad(), self._threads(), self._kernels(), self.decoder.fusing(fused):
             step = 0
             profile = self.profile
             while not scheduler.is_done():

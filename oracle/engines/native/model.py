@@ -8,13 +8,27 @@ can replace it without touching the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
 import oracle_kernels
 import torch
 import torch.nn.functional as F
+from oracle_kernels import fused as chains
+
+# Where the decoder's fused chains run (`Decoder.fused`): invariant mode on these devices and dtypes, where
+# oracle_kernels' fused kernels give the composition's bits (kernels/triton/fused.py).
+FUSED_DEVICE_TYPES = frozenset({"cuda"})
+FUSED_DTYPES = frozenset({torch.bfloat16, torch.float16})
+
+
+def fused_path_applies(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a run in `mode` on `device` in `dtype` takes the fused chains: invariant mode, CUDA, bf16/fp16.
+
+    Production mode never does: its kernels are torch's, and its captures must reproduce its trials."""
+    return mode == "invariant" and device.type in FUSED_DEVICE_TYPES and dtype in FUSED_DTYPES
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,19 @@ class Decoder:
         # Tensor parallel: the all-reduce after each row-parallel layer, fused with the residual add
         # (`oracle.engines.native.parallel.all_reduce`); None in one process.
         self.reduce: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor] | None = None
+        # The elementwise chains (residual add + norm, q/k norm + rope, silu * up) as oracle_kernels' fused ops,
+        # bitwise the composition where `fused_path_applies`; the engine turns it on per call (`fusing`), never
+        # under per-op capture, which must see the composition's ops by module. Off by default.
+        self.fused = False
+
+    @contextlib.contextmanager
+    def fusing(self, on: bool) -> Iterator[None]:
+        """`fused` set to `on` for the body, restored after (a decoder may serve several engines)."""
+        before, self.fused = self.fused, on
+        try:
+            yield
+        finally:
+            self.fused = before
 
     @property
     def device(self) -> torch.device:
@@ -104,15 +131,56 @@ class Decoder:
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # HF computes the norm in float32 and casts back before scaling by the weight.
-        xf = x.to(torch.float32)
-        y = F.rms_norm(xf, (xf.shape[-1],), eps=self.config.rms_norm_eps)
-        return weight * y.to(x.dtype)
+        return chains.rms_norm_composed(x, weight, self.config.rms_norm_eps)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [T, H, D]; cos, sin: [T, 1, D]. Rotate-half layout, as in HF Llama/Qwen.
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return chains.rope_composed(x, cos, sin)
+
+    def _add_norm(self, h: torch.Tensor, pending: torch.Tensor | None, weight: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + pending, its norm): the fused path adds the last block's output here; pending is None otherwise."""
+        if not self.fused:
+            return h, self._rms_norm(h, weight)
+        if pending is None:
+            return h, chains.rms_norm(h, weight, self.config.rms_norm_eps)
+        out, h = chains.add_rms_norm(pending, h, weight, self.config.rms_norm_eps)
+        return h, out
+
+    def _qk_rope(self, q: torch.Tensor, k: torch.Tensor, p: str, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k [T, Hkv, D] after qwen3's per-head q_norm / k_norm (none elsewhere) and rope."""
+        w, scope, eps = self.w, self.scopes, self.config.rms_norm_eps
+        qwen3 = self.config.architecture == "qwen3"
+        if self.fused:
+            with scope(p + "self_attn.q_norm") if qwen3 else contextlib.nullcontext():
+                q = chains.qk_norm_rope(q, w[p + "self_attn.q_norm.weight"] if qwen3 else None, cos, sin, eps)
+            with scope(p + "self_attn.k_norm") if qwen3 else contextlib.nullcontext():
+                k = chains.qk_norm_rope(k, w[p + "self_attn.k_norm.weight"] if qwen3 else None, cos, sin, eps)
+            return q, k
+        if qwen3:
+            with scope(p + "self_attn.q_norm"):
+                q = self._rms_norm(q, w[p + "self_attn.q_norm.weight"])
+            with scope(p + "self_attn.k_norm"):
+                k = self._rms_norm(k, w[p + "self_attn.k_norm.weight"])
+        return self._rope(q, cos, sin), self._rope(k, cos, sin)
+
+    def _residual(self, h: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h, pending) after a block whose output is `out`: added now, or left to the next fused norm.
+
+        Tensor parallel adds it in the all-reduce (`reduce`), before this."""
+        if self.reduce is not None:
+            return h, None
+        if self.fused:
+            return h, out
+        return h + out, None
+
+    def _silu_mul(self, gate: torch.Tensor, up: torch.Tensor, p: str) -> torch.Tensor:
+        with self.scopes(p + "mlp.act_fn"):
+            if self.fused:
+                return chains.silu_mul(gate, up)
+            act = F.silu(gate)
+        return act * up
 
     def _write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                   k: torch.Tensor, v: torch.Tensor) -> None:
@@ -140,11 +208,12 @@ class Decoder:
         with scope("model.rotary_emb"):
             cos, sin = self._rope_tables(inputs.positions)
         scale = c.head_dim**-0.5
+        pending: torch.Tensor | None = None  # fused path: a block's output, added into h by the next norm
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             with scope(p[:-1]):  # the decoder layer: its residual adds
                 with scope(p + "input_layernorm"):
-                    x = self._rms_norm(h, w[p + "input_layernorm.weight"])
+                    h, x = self._add_norm(h, pending, w[p + "input_layernorm.weight"])
                 with scope(p + "self_attn"):
                     with scope(p + "self_attn.q_proj"):
                         q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
@@ -155,13 +224,7 @@ class Decoder:
                     q = q.view(num_tokens, c.num_heads, c.head_dim)  # [T, Hq, D]
                     k = k.view(num_tokens, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
                     v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
-                    if c.architecture == "qwen3":
-                        with scope(p + "self_attn.q_norm"):
-                            q = self._rms_norm(q, w[p + "self_attn.q_norm.weight"])
-                        with scope(p + "self_attn.k_norm"):
-                            k = self._rms_norm(k, w[p + "self_attn.k_norm.weight"])
-                    q = self._rope(q, cos, sin)
-                    k = self._rope(k, cos, sin)
+                    q, k = self._qk_rope(q, k, p, cos, sin)
                     k_cache, v_cache = kv_caches[i]  # [num_blocks, block_size, Hkv, D]
                     self._write_kv(k_cache, v_cache, inputs.slot_mapping, k, v)
                     with scope(p + "self_attn.attn"):
@@ -174,26 +237,24 @@ class Decoder:
                                      w.get(p + "self_attn.o_proj.bias"))
                         if self.reduce is not None:  # this rank's partial, summed over the ranks, plus h
                             h = self.reduce(o, h, p + "self_attn.o_proj")
-                if self.reduce is None:
-                    h = h + o
+                h, pending = self._residual(h, o)
                 with scope(p + "post_attention_layernorm"):
-                    x = self._rms_norm(h, w[p + "post_attention_layernorm.weight"])
+                    h, x = self._add_norm(h, pending, w[p + "post_attention_layernorm.weight"])
                 with scope(p + "mlp"):
                     with scope(p + "mlp.gate_proj"):
                         gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
                     with scope(p + "mlp.up_proj"):
                         up = F.linear(x, w[p + "mlp.up_proj.weight"])
-                    with scope(p + "mlp.act_fn"):
-                        act = F.silu(gate)
-                    gated = act * up
+                    gated = self._silu_mul(gate, up, p)
                     with scope(p + "mlp.down_proj"):
                         down = F.linear(gated, w[p + "mlp.down_proj.weight"])
                         if self.reduce is not None:
                             h = self.reduce(down, h, p + "mlp.down_proj")
-                if self.reduce is None:
-                    h = h + down
+                h, pending = self._residual(h, down)
         h = h[inputs.logits_indices]  # [R, hidden]
+        if pending is not None:
+            pending = pending[inputs.logits_indices]
         with scope("model.norm"):
-            h = self._rms_norm(h, w["model.norm.weight"])
+            _, h = self._add_norm(h, pending, w["model.norm.weight"])
         with scope("lm_head"):
             return F.linear(h, self.lm_head).to(torch.float32)  # [R, vocab]

@@ -1,0 +1,91 @@
+"""The fused norms sum in rms_norm_kernel's order: the same register layout for the reduction, read off the compiler.
+
+tl.sum adds a row's lanes in a tree that follows the register layout the compiler gives the summed
+tensor, and that layout follows the loads' vector width: rms_norm_kernel reads the composition's fp32
+copy, the fused kernels read halves and an aligned weight. kernels/triton/fused.py caps its accesses'
+contiguity (`load_contiguity`) so that the two layouts agree; this test compiles both for an H100 (Triton's compiler needs no GPU, only its CUDA
+backend) and compares the layout of the reduction's operand in the TTGIR, for bf16 and fp16 and row
+lengths with and without the divisibility by 16 that Triton specializes on. The interpreter has no
+layouts, so only this test and tests/gpu/test_fused_cuda.py see the difference; it fails if the cap is
+removed (sizePerThread 8 against 4), or kept at 4 for a row length that is no multiple of 16
+(4 against 1: the weight's aligned loads widen the row's). Skipped without triton or its CUDA backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs triton's compiler (not its interpreter)",
+)
+
+TORCH_TO_TRITON = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _reduce_layout(fn: Any, args: dict[str, Any], constexprs: dict[str, Any]) -> str:
+    """The layout of the one tt.reduce operand in fn's TTGIR, compiled as a launch with `args` specializes it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(fn.arg_names):
+        value = args.get(name)
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(value, str):  # a pointer, by element type; fresh tensors are 16-byte aligned
+            signature[name] = "*" + TORCH_TO_TRITON[value]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    try:
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except (TypeError, RuntimeError, ImportError) as error:  # another Triton API, or no CUDA backend
+        pytest.skip(f"cannot compile for CUDA here: {error}")
+    ttgir = compiled.asm["ttgir"]
+    operand = re.search(r'"tt\.reduce"\(%[\w.]+\).*?\}\) : \(tensor<\d+xf32, (#\w+)>', ttgir, re.S)
+    assert operand is not None, ttgir
+    definition = re.search(rf"^{operand.group(1)} = (.*)$", ttgir, re.M)
+    assert definition is not None, ttgir
+    return definition.group(1)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+# Qwen3-8B's hidden size and head dim, others of that family, and lengths that are no multiple of 16.
+@pytest.mark.parametrize("length", [4096, 5120, 4100, 3584, 200, 256, 128, 96, 80, 40])
+def test_fused_norms_reduce_in_the_layout_of_rms_norm_kernel(dtype: str, length: int) -> None:
+    import triton.language as tl
+    from oracle_kernels.triton import fused, reduction
+    from oracle_kernels.triton.config import row_tiles
+
+    block = row_tiles(length).block
+    composed = _reduce_layout(
+        reduction.rms_norm_kernel,
+        {"x_ptr": "float32", "w_ptr": "float32", "out_ptr": "float32", "rstd_ptr": "float32", "C": length,
+         "stride_x": length, "stride_out": length, "eps": 1e-6},
+        {"BLOCK": block, "HAS_WEIGHT": False, "ACC_DTYPE": tl.float32, "FP64": False})
+    for residual in (True, False):
+        fused_layout = _reduce_layout(
+            fused.add_rms_norm_kernel,
+            {"x_ptr": dtype, "r_ptr": dtype, "w_ptr": dtype, "out_ptr": dtype, "h_ptr": dtype, "C": length, "eps": 1e-6},
+            {"BLOCK": block, "HAS_RESIDUAL": residual, "MAX_CONTIGUOUS": fused.load_contiguity(length)})
+        assert fused_layout == composed, (residual, fused_layout, composed)
+    if length <= fused.MAX_HEAD_DIM:
+        rope_layout = _reduce_layout(
+            fused.qk_norm_rope_kernel,
+            {"x_ptr": dtype, "w_ptr": dtype, "cos_ptr": dtype, "sin_ptr": dtype, "out_ptr": dtype, "D": length,
+             "num_heads": 8, "eps": 1e-6},
+            {"BLOCK": block, "HAS_NORM": True, "MAX_CONTIGUOUS": fused.load_contiguity(length)})
+        assert rope_layout == composed, (rope_layout, composed)
