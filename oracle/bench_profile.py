@@ -29,7 +29,7 @@ from oracle.errors import ConfigError
 OP_CLASSES: tuple[tuple[str, str], ...] = (
     ("attention", r"partition_kernel|merge_kernel|paged_attention|flash|attn"),
     ("matmul", r"matmul_kernel|gemm|nvjet|cutlass|xmma|cublas|aten::(mm|addmm|bmm|linear|matmul|einsum)\b"),
-    ("sampling", r"softmax|argmax|topk|sort|cumsum|gather|aten::max\b|exponential|uniform"),
+    ("sampling", r"sampled_rows|softmax|argmax|topk|sort|cumsum|gather|aten::max\b|exponential|uniform"),
     ("norm", r"rms_norm|layer_norm|norm_kernel|aten::(mean|rsqrt|pow)\b|sum_kernel|reduce"),
     ("kv_write", r"index_put|scatter|indexput"),
     ("copy", r"memcpy|memset|aten::(copy_|_to_copy|to|fill_|zero_|zeros|empty|empty_strided|new_empty|new_zeros|"

@@ -25,7 +25,8 @@ SMALL = Workload(**{**asdict(WORKLOADS["seed"]), "name": "small", "preset": "tin
 @pytest.mark.parametrize(("name", "cls"), [
     ("matmul_kernel", "matmul"), ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "matmul"), ("aten::mm", "matmul"),
     ("partition_kernel", "attention"), ("merge_kernel", "attention"), ("oracle_kernels::paged_attention", "attention"),
-    ("rms_norm_kernel", "norm"), ("softmax_kernel", "sampling"), ("aten::argmax", "sampling"),
+    ("rms_norm_kernel", "norm"), ("softmax_kernel", "sampling"), ("sampled_rows_kernel", "sampling"),
+    ("aten::argmax", "sampling"),
     ("aten::index_put_", "kv_write"), ("Memcpy HtoD (Pageable -> Device)", "copy"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
     ("aten::cat", "elementwise"), ("something_new", "other"),

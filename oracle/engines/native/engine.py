@@ -317,7 +317,8 @@ class NativeEngine:
             profile.phase("launch")
         done = [item.seq.index for item in batch if item.completes]
         pending = queue_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
-                             before_copy=profile.sampled if profile is not None else None)
+                             before_copy=profile.sampled if profile is not None else None,
+                             invariant=self.mode == "invariant")
         if profile is not None:
             profile.phase("sample")
         # Host work while the device computes the pass and samples it.

@@ -103,23 +103,32 @@ def truncate(scaled: torch.Tensor, sampling: Sequence[SamplingParams]) -> torch.
     return torch.empty_like(scaled).scatter_(1, order, ordered)
 
 
+def draw(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> torch.Tensor | None:
+    """[R] int64: the Gumbel-max token of each row of `logits` [R, vocab] float32 that has a generator (over its
+    temperature-scaled, top-k / top-p truncated logits, noise from its own generator), -1 for the greedy rows;
+    None when every row is greedy."""
+    drawn = [i for i, g in enumerate(generators) if g is not None]
+    if not drawn:
+        return None
+    device = logits.device
+    gumbel = torch.stack([_gumbel(g, logits.shape[-1]) for g in generators if g is not None]).to(device)  # [S, vocab]
+    rows = torch.tensor(drawn, device=device)
+    temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
+    scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
+    tokens = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=device)
+    tokens[rows] = torch.argmax(scaled + gumbel, dim=-1)
+    return tokens
+
+
 def choose(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> torch.Tensor:
-    """[R] int64 tokens of `logits` [R, vocab] float32: argmax where a row's generator is None, else Gumbel-max
-    over the row's temperature-scaled, top-k / top-p truncated logits with noise from the row's own generator."""
-    device = logits.device
-    vocab = logits.shape[-1]
-    scores = logits
-    drawn = [i for i, g in enumerate(generators) if g is not None]
-    if drawn:
-        gumbel = torch.stack([_gumbel(g, vocab) for g in generators if g is not None]).to(device)  # [S, vocab]
-        rows = torch.tensor(drawn, device=device)
-        temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
-        scores = logits.clone()
-        scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
-        scores[rows] = scaled + gumbel
-    return torch.argmax(scores, dim=-1)
+    """[R] int64 tokens of `logits` [R, vocab] float32: argmax where a row's generator is None, else `draw`'s."""
+    tokens = torch.argmax(logits, dim=-1)
+    drawn = draw(logits, sampling, generators)
+    return tokens if drawn is None else torch.where(drawn >= 0, drawn, tokens)
 
 
 def request_generator(sampling: SamplingParams) -> torch.Generator | None:
@@ -159,27 +168,48 @@ class PendingRows:
         )
 
 
-def queue_rows(
+def _columns(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
-    before_copy: Callable[[], None] | None = None,
-) -> PendingRows:
-    """Queue the tokens and outputs of every row of `logits` [R, vocab] float32 and their one host copy
-    (asynchronous on CUDA, into pinned memory); `.result()` reads them.
-
-    `before_copy` is called once the device work is queued, right before the copy (the profile's event)."""
-    device = logits.device
-    num_rows, vocab = logits.shape
+) -> torch.Tensor:
+    """[R, 4] int64: token, logprob, top-1 and top-2 (float32 bits widened with their sign) from torch's ops."""
+    vocab = logits.shape[-1]
     tokens = choose(logits, sampling, generators)  # [R]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]  # [R]
     top2 = torch.topk(logits, 2, dim=-1).values if vocab > 1 else logits[:, :1].expand(-1, 2)  # [R, 2]
     columns = [tokens[:, None], logprobs.view(torch.int32)[:, None].long(), top2.contiguous().view(torch.int32).long()]
+    return torch.cat(columns, dim=1)
+
+
+def invariant_columns(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """`_columns` in one read of each row (oracle_kernels.triton.sampling), bitwise the same where
+    torch.log_softmax runs oracle_kernels' log-softmax (invariant mode on CUDA): the kernel takes the argmax of
+    the greedy rows and the drawn token of the others, and repeats that log-softmax's arithmetic for the token."""
+    from oracle_kernels.triton import sampling as kernel  # imports triton: CUDA only
+
+    return kernel.sampled_rows(logits, draw(logits, sampling, generators))
+
+
+def queue_rows(
+    logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+    before_copy: Callable[[], None] | None = None, invariant: bool = False,
+) -> PendingRows:
+    """Queue the tokens and outputs of every row of `logits` [R, vocab] float32 and their one host copy
+    (asynchronous on CUDA, into pinned memory); `.result()` reads them.
+
+    `before_copy` is called once the device work is queued, right before the copy (the profile's event).
+    `invariant` (the engine's invariant mode, whose kernels are in force): on CUDA, `invariant_columns`."""
+    device = logits.device
+    fused = invariant and device.type == "cuda"
+    columns = [(invariant_columns if fused else _columns)(logits, sampling, generators)]
     digest_rows = [i for i, s in enumerate(sampling) if s.logits == "digest"]
     if digest_rows:
-        lanes = torch.zeros((num_rows, FINGERPRINT_LANES), dtype=torch.int64, device=device)
+        lanes = torch.zeros((logits.shape[0], FINGERPRINT_LANES), dtype=torch.int64, device=device)
         index = torch.tensor(digest_rows, device=device)
         lanes[index] = fingerprint(logits[index])
         columns.append(lanes)
-    packed = torch.cat(columns, dim=1)
+    packed = torch.cat(columns, dim=1) if len(columns) > 1 else columns[0]
     if before_copy is not None:
         before_copy()
     copied: torch.cuda.Event | None = None
