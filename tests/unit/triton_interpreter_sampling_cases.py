@@ -30,6 +30,7 @@ from oracle.engines.contract import SamplingParams  # noqa: E402
 from oracle.engines.native import sampler  # noqa: E402
 
 INF, NAN = float("inf"), float("nan")
+NEG_NAN = torch.tensor([-(2**22)], dtype=torch.int32).view(torch.float32).item()  # 0xffc00000: sign bit set
 # Odd vocabularies: a partial last block, one block, several blocks, one column.
 VOCABS = [1, 2, 3, 17, 31, 50, 1537]
 
@@ -47,7 +48,7 @@ def composed(logits: torch.Tensor, tokens: torch.Tensor, block: int | None) -> t
 
 def special_rows(vocab: int, seed: int) -> torch.Tensor:
     """[R, vocab] float32: random rows, then NaN, +-inf, all -inf and tied rows (as far as `vocab` allows)."""
-    x = torch.randn(12, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+    x = torch.randn(13, vocab, generator=torch.Generator().manual_seed(seed)) * 4
     last = vocab - 1
     x[1, last // 2] = NAN
     x[2, :] = -INF
@@ -63,6 +64,7 @@ def special_rows(vocab: int, seed: int) -> torch.Tensor:
     x[9, :] = NAN
     x[10, 0] = -INF
     x[11, last] = 1e30  # exp underflows to 0 for every other column
+    x[12, last // 2] = NEG_NAN  # the largest value too, though its bits read as a negative number
     return x
 
 
@@ -102,7 +104,7 @@ def test_signed_zeros_in_the_top_2_follow_the_radix_order() -> None:
 
 def test_drawn_tokens_get_the_log_softmax_of_their_column() -> None:
     x = special_rows(50, seed=7)
-    drawn = torch.tensor([-1, 3, -1, 0, 49, -1, 7, 20, 5, 1, 2, -1])
+    drawn = torch.tensor([-1, 3, -1, 0, 49, -1, 7, 20, 5, 1, 2, -1, 8])
     out = sampling.sampled_rows(x, drawn, block=16)
     tokens = torch.where(drawn >= 0, drawn, torch.argmax(x, dim=-1))
     assert torch.equal(out, composed(x, tokens, 16))
