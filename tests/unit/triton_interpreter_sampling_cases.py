@@ -25,12 +25,11 @@ pytest.importorskip("triton")
 
 from oracle_kernels.triton import reduction, sampling  # noqa: E402
 from oracle_kernels.triton.config import row_tiles  # noqa: E402
+from sampling_rows import special_rows  # noqa: E402
 
 from oracle.engines.contract import SamplingParams  # noqa: E402
 from oracle.engines.native import sampler  # noqa: E402
 
-INF, NAN = float("inf"), float("nan")
-NEG_NAN = torch.tensor([-(2**22)], dtype=torch.int32).view(torch.float32).item()  # 0xffc00000: sign bit set
 # Odd vocabularies: a partial last block, one block, several blocks, one column.
 VOCABS = [1, 2, 3, 17, 31, 50, 1537]
 
@@ -44,28 +43,6 @@ def composed(logits: torch.Tensor, tokens: torch.Tensor, block: int | None) -> t
     logprobs = reduction.log_softmax(logits, -1, block=block).gather(1, tokens[:, None])  # [R, 1]
     top2 = torch.topk(logits, 2, dim=-1).values if logits.shape[1] > 1 else logits[:, :1].expand(-1, 2)
     return torch.cat([tokens[:, None], _bits(logprobs), _bits(top2)], dim=1)
-
-
-def special_rows(vocab: int, seed: int) -> torch.Tensor:
-    """[R, vocab] float32: random rows, then NaN, +-inf, all -inf and tied rows (as far as `vocab` allows)."""
-    x = torch.randn(13, vocab, generator=torch.Generator().manual_seed(seed)) * 4
-    last = vocab - 1
-    x[1, last // 2] = NAN
-    x[2, :] = -INF
-    x[3, last] = INF
-    x[3, last // 3] = INF
-    x[4, :] = -INF
-    x[4, last] = 1.5
-    x[5, last // 2] = x[5, last] = NAN
-    x[5, 0] = INF
-    x[6, :] = 2.0  # every column tied
-    x[7, last // 3] = x[7, last] = x[7].abs().max() + 1  # a tied maximum: top-2 [m, m], the first index
-    x[8, last // 4] = -INF
-    x[9, :] = NAN
-    x[10, 0] = -INF
-    x[11, last] = 1e30  # exp underflows to 0 for every other column
-    x[12, last // 2] = NEG_NAN  # the largest value too, though its bits read as a negative number
-    return x
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
