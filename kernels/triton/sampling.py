@@ -11,7 +11,8 @@ float32's bits as an int32 widened with its sign, the columns of oracle/engines/
   and sum of exponentials per lane, the tree reductions over the lanes and the final formula are
   reduction.softmax_kernel's pass 1 and its LOG branch, copied. This file MUST mirror that kernel:
   tests/unit/triton_interpreter_sampling_cases.py compares the bits with reduction.log_softmax and
-  fails on any drift.
+  fails on any drift, and tests/unit/test_kernels_triton_sampling_layout.py checks that the compiler
+  gives the sum the same register layout (so the same tree); tests/gpu/test_sampling_cuda.py, the bits.
 - top-2: torch.topk(row, 2).values: the largest two entries, duplicates kept ([5, 5] for two 5s), in
   the order of torch's radix select (NaN above +inf, +0.0 above -0.0). Which NaN's payload comes back
   when a row holds several NaNs is not specified (nor is it by torch).
