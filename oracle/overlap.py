@@ -35,10 +35,15 @@ if TYPE_CHECKING:
 ENV = "ORACLE_OVERLAP"  # "0": start each mode's engine after the previous one closed
 
 
+def turned_off() -> bool:
+    """`ORACLE_OVERLAP=0` (or false, no, off): every mode after the one before, as a sequential run."""
+    return os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def overlaps(plan: Plan, modes: list[Mode]) -> bool:
     """Whether this run starts the second mode's engine while the first runs: two modes, a kind whose engines
     live apart, and not turned off."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if turned_off():
         return False
     return len(modes) == 2 and plan.engine.starts_apart(plan.config.engine)
 

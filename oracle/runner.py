@@ -158,9 +158,13 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
                report: Report) -> None:
     """Each mode the enabled checks read, in order; its result (also a partial one) into `results`. Where the
     engines live apart, the second mode's engine starts while the first mode runs (oracle.overlap)."""
+    from oracle.forked_mode import forks
     from oracle.overlap import EarlyStart, overlaps
 
     modes = modes_read(plan.config)
+    if forks(plan, modes):
+        _run_modes_forked(plan, observer, localizer, results, report)
+        return
     beside = overlaps(plan, modes)
     build = engine_builder(plan, beside=beside)
     early = EarlyStart(build, modes[-1]) if beside else None
@@ -183,6 +187,41 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
         if early is not None:
             early.close()
             report.timings.update(early.timings())
+
+
+def _run_modes_forked(plan: Plan, observer: Observer, localizer: OpLocalizer, results: dict[Mode, ModeResult],
+                      report: Report) -> None:
+    """Invariant mode here while production mode runs in a fork of this process (oracle.forked_mode); the results
+    kept, and production's fault raised, as a sequential run would (production's once invariant mode is done)."""
+    from oracle.forked_mode import ForkedMode
+
+    build = engine_builder(plan)
+
+    def execution(mode: Mode, told: Observer) -> ModeExecution:
+        return ModeExecution(plan, mode, told, build, localizer, engine_builder(plan, 1),
+                             check_runs=check_runs(plan.config), shard=plan.shard)
+
+    def keep(mode: Mode, result: ModeResult, seconds: float) -> None:
+        results[mode] = result
+        report.timings[f"{mode}_s"] = round(seconds, 3)
+        report.timings.update(rounded(dict(result.timings), f"{mode}_"))
+
+    forked = ForkedMode(execution("production", Observer()), observer)
+    forked.start()
+    try:
+        here = execution("invariant", observer)
+        try:
+            here.run()
+        finally:
+            keep("invariant", here.result(), here.seconds)
+        result, seconds, error = forked.join()
+        if result is not None:
+            keep("production", result, seconds)
+        report.timings.update(forked.timings())
+        if error is not None:
+            raise error
+    finally:
+        forked.cancel()
 
 
 def finish_run(plan: Plan, results: dict[Mode, ModeResult], report: Report, work: Callable[[], None],
