@@ -29,15 +29,16 @@ import pickle
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from oracle.errors import EngineError
-from oracle.observer import Observer
+from oracle.observer import Observer, Recorded, replay
 
 if TYPE_CHECKING:
-    from oracle.engines.contract import Mode
+    from oracle.engines.contract import Engine, Mode
     from oracle.execute import ModeExecution
     from oracle.mode_result import ModeResult
     from oracle.plan import Plan
@@ -49,13 +50,10 @@ WEIGHTS_SHARE_OF_RAM = 0.25  # both modes' weights at once take at most a quarte
 def forks(plan: Plan, modes: list[Mode]) -> bool:
     """Whether production mode runs in a fork while invariant mode runs here: both modes, a row that allows it
     for this config, both copies of the weights in RAM, not turned off (`ORACLE_OVERLAP=0`), and a production
-    mode that localizes nothing (oracle.execute: drift localized, unsharded), as the run's one `repro/` is the
-    first localized op's, which the fork could not tell."""
-    from oracle.overlap import turned_off
+    mode that localizes nothing (`oracle.overlap.production_localizes`)."""
+    from oracle.overlap import production_localizes, turned_off
 
-    drift = plan.config.checks.drift
-    localizes = drift.requirement != "off" and drift.localize != "off" and plan.shard is None
-    return (modes == ["invariant", "production"] and not localizes and not turned_off()
+    return (modes == ["invariant", "production"] and not production_localizes(plan) and not turned_off()
             and plan.engine.forks_beside(plan.config.engine) and weights_fit_twice(plan.model_dir))
 
 
@@ -67,31 +65,6 @@ def weights_fit_twice(model_dir: Path) -> bool:
     available = memory.ram_available()
     weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return available is not None and 2 * weights <= WEIGHTS_SHARE_OF_RAM * available.bytes
-
-
-class _Recorder(Observer):
-    """What the forked mode reports, kept to be told to the run's observer later, call for call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def seed(self, seed: int) -> None:
-        self.calls.append(("seed", (seed,)))
-
-    def phase(self, name: str, total: int) -> None:
-        self.calls.append(("phase", (name, total)))
-
-    def advance(self, divergences: int) -> None:
-        self.calls.append(("advance", (divergences,)))
-
-    def done(self) -> None:
-        self.calls.append(("done", ()))
-
-    def outcome(self, message: str) -> None:
-        self.calls.append(("outcome", (message,)))
-
-    def warn(self, message: str) -> None:
-        self.calls.append(("warn", (message,)))
 
 
 def _read_only(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
@@ -131,6 +104,10 @@ class ForkedMode:
         self.wait_s = 0.0  # what of it the run waited for
         self._read = -1
 
+    def first(self, build: Callable[[Mode], Engine]) -> Callable[[Mode], Engine]:
+        """Invariant mode's builder, as it is: the fork started before it."""
+        return build
+
     def start(self) -> None:
         for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
             with contextlib.suppress(Exception):
@@ -152,7 +129,7 @@ class ForkedMode:
 
         for signum in (signal.SIGINT, signal.SIGTERM):  # the run's process stops this one
             signal.signal(signum, signal.SIG_DFL)
-        recorder = _Recorder()
+        recorder = Recorded()
         self.execution.observer = recorder
         error: BaseException | None = None
         try:
@@ -187,8 +164,7 @@ class ForkedMode:
                                           f"{_ended(status)} before it sent its results")
         result, seconds, calls, error = pickle.loads(blob)
         self.run_s = seconds
-        for name, args in calls:
-            getattr(self.observer, name)(*args)
+        replay(calls, self.observer)
         return result, seconds, error
 
     def cancel(self) -> None:

@@ -40,6 +40,14 @@ def turned_off() -> bool:
     return os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off")
 
 
+def production_localizes(plan: Plan) -> bool:
+    """Production mode may localize drift (oracle.execute: drift localized, unsharded). Such a mode does not run
+    beside invariant mode (oracle.forked_mode, oracle.threaded_mode): the run's one `repro/` is the first localized
+    op's, which only the order of a sequential run tells."""
+    drift = plan.config.checks.drift
+    return drift.requirement != "off" and drift.localize != "off" and plan.shard is None
+
+
 def overlaps(plan: Plan, modes: list[Mode]) -> bool:
     """Whether this run starts the second mode's engine while the first runs: two modes, a kind whose engines
     live apart, and not turned off."""

@@ -37,7 +37,7 @@ def timing_line(timings: Mapping[str, float]) -> str | None:
         ran = timings.get(f"{mode}_wait_s")  # the whole mode ran beside the other (oracle.forked_mode)
         if phases and isinstance(ran, (int, float)):
             other = next(m for m in modes if m != mode)
-            parts.append(f"{mode} (in a process beside {other}, {ran:.1f}s waited for): " + ", ".join(phases))
+            parts.append(f"{mode} (beside {other}, {ran:.1f}s waited for): " + ", ".join(phases))
         elif phases:
             parts.append(f"{mode}: " + ", ".join(phases))
     merge = _spent(timings, "merge_", ((p, p) for p in PHASES), floor=None)
