@@ -29,6 +29,7 @@ import pickle
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -113,7 +114,11 @@ class ForkedMode:
             with contextlib.suppress(Exception):
                 stream.flush()
         read, write = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of a fork beside other threads (the parent watch, a host's): the fork runs
+            # only the mode's own code, which takes none of their locks.
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the fork: run the mode, send its result, end; never return into the run's stack
             code = 70
             try:

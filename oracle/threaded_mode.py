@@ -84,6 +84,9 @@ class ThreadedMode:
         def started(mode: Mode) -> Engine:
             try:
                 return build(mode)
+            except BaseException:
+                self._recorder.stop = True  # the run stops here: production's engine is never started
+                raise
             finally:
                 self._up.set()
 
