@@ -229,12 +229,12 @@ def _run(args: argparse.Namespace) -> int:
     # A signal while these load is held until they are whole, then raised: the handler that replaces an
     # earlier run's report imports them again, and a module cut in half by the signal would break it.
     with signals.deferred():
-        import oracle.config  # noqa: F401 - _checked_config's
         from oracle.lifecycle import supervise
-        from oracle.lifecycle.run_guard import RunGuard
-
     if args.supervise and not supervise.is_child():
         return supervise.supervised(args, _checked_config)  # the run in a child, started at once
+    with signals.deferred():
+        import oracle.config  # noqa: F401 - _checked_config's
+        from oracle.lifecycle.run_guard import RunGuard
     child = supervise.is_child()
     if child:
         supervise.warm_up()  # torch imported while the parent reads the config

@@ -184,10 +184,12 @@ class Child:
 def supervised(args: Any, resolve: Callable[[Any], Config]) -> int:
     """`oracle run` in the parent: the child started at once, the config resolved (`resolve(args)`) and the
     started report written meanwhile, then the run handed to the child; the exit code its report gives."""
-    from oracle.lifecycle.run_guard import RunGuard
-
     child = Child(sys.argv[1:] if args.argv is None else list(args.argv))
     try:
+        # Held until whole: the handler that replaces an earlier run's report imports them again.
+        with signals.deferred():
+            import oracle.config  # noqa: F401 - resolve's
+            from oracle.lifecycle.run_guard import RunGuard
         config = resolve(args)
         report_dir = args.report_dir or Path(config.report_dir)
         blame = "--report-dir" if args.report_dir else None
