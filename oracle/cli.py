@@ -229,22 +229,23 @@ def _run(args: argparse.Namespace) -> int:
     # A signal while these load is held until they are whole, then raised: the handler that replaces an
     # earlier run's report imports them again, and a module cut in half by the signal would break it.
     with signals.deferred():
-        import oracle.config  # noqa: F401 - _checked_config's
         from oracle.lifecycle import supervise
+    if args.supervise and not supervise.is_child():
+        return supervise.supervised(args, _checked_config)  # the run in a child, started at once
+    with signals.deferred():
+        import oracle.config  # noqa: F401 - _checked_config's
         from oracle.lifecycle.run_guard import RunGuard
-
+    child = supervise.is_child()
+    if child:
+        supervise.warm_up()  # torch imported while the parent reads the config
     config = _checked_config(args)
     report_dir = args.report_dir or Path(config.report_dir)
     # Checked, and any earlier run's report replaced by a "started" one, before any model is made.
     blame = "--report-dir" if args.report_dir else None
-    if args.supervise and not supervise.is_child():
-        with RunGuard(config, report_dir, args.seed, blame=blame) as guard:
-            argv = [*sys.argv[1:], "--seed", str(guard.seed)] if args.argv is None else [*args.argv, "--seed",
-                                                                                          str(guard.seed)]
-            return supervise.run_child(argv, guard.report, report_dir, config)
     # The child adopts the started report its parent wrote: one write per state, one writer for the run.
-    child = supervise.is_child()
     with RunGuard(config, report_dir, args.seed, blame=blame, announce=not child, adopt=child) as guard:
+        if child:
+            supervise.warmed()
         # torch's import runs C++ that calls back into Python (torch.distributed's init): a signal raised
         # there aborts the process (C++ terminate). Held until the import is whole, it stops the run as
         # any signal does: a partial report and 130/143.
@@ -290,8 +291,9 @@ def _checked_config(args: argparse.Namespace) -> Config:
 
     overrides, flags = _overrides(args)
     try:
-        # The run's child runs the config its parent resolved (sent through a pipe), parsed once.
-        config = supervise.inherited_config() or load_config(args.config, overrides or None, flags=flags or None)
+        # The run's child runs the config its parent resolved and its seed (sent through a pipe), parsed once.
+        handed = supervise.inherited_run()
+        config, args.seed = handed or (load_config(args.config, overrides or None, flags=flags or None), args.seed)
         from oracle.engines import check_engine_packages
 
         check_engine_packages(config.engine)  # a missing package is known before the report folder is touched

@@ -4,6 +4,8 @@ and its first tensor failed to move."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 from oracle.errors import ConfigError
@@ -31,3 +33,20 @@ def check_device(cfg: EngineConfig) -> None:
     index = device.partition(":")[2]
     if index and (not index.isdigit() or int(index) >= count):
         raise ConfigError(f"engine.device: {device}, but torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_threads_apart(cfg: EngineConfig) -> bool:
+    """The native row's `forks_beside` (oracle.forked_mode): on a CPU, a fixed number of threads per engine
+    (`engine.num_threads`), cores for two such engines at once, one rank (tensor parallel starts processes of its
+    own), and `os.fork`."""
+    from oracle.engine_options import NativeOptions
+
+    return (hasattr(os, "fork") and cfg.device == "cpu" and cfg.num_threads is not None
+            and 2 * cfg.num_threads <= cores() and cfg.options_as(NativeOptions).tensor_parallel_size == 1)

@@ -35,10 +35,23 @@ if TYPE_CHECKING:
 ENV = "ORACLE_OVERLAP"  # "0": start each mode's engine after the previous one closed
 
 
+def turned_off() -> bool:
+    """`ORACLE_OVERLAP=0` (or false, no, off): every mode after the one before, as a sequential run."""
+    return os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def production_localizes(plan: Plan) -> bool:
+    """Production mode may localize drift (oracle.execute: drift localized, unsharded). Such a mode does not run
+    beside invariant mode (oracle.forked_mode, oracle.threaded_mode): the run's one `repro/` is the first localized
+    op's, which only the order of a sequential run tells."""
+    drift = plan.config.checks.drift
+    return drift.requirement != "off" and drift.localize != "off" and plan.shard is None
+
+
 def overlaps(plan: Plan, modes: list[Mode]) -> bool:
     """Whether this run starts the second mode's engine while the first runs: two modes, a kind whose engines
     live apart, and not turned off."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if turned_off():
         return False
     return len(modes) == 2 and plan.engine.starts_apart(plan.config.engine)
 

@@ -157,16 +157,28 @@ def _started_report(config: Config, plan: Plan) -> Report:
 
 def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: dict[Mode, ModeResult],
                report: Report) -> None:
-    """Each mode the enabled checks read, in order; its result (also a partial one) into `results`. Where the
-    engines live apart, the second mode's engine starts while the first mode runs (oracle.overlap)."""
-    from oracle.overlap import EarlyStart, overlaps
+    """Each mode the enabled checks read, in order; its result (also a partial one) into `results`. Production
+    mode runs beside invariant mode where it may (a fork of this process: oracle.forked_mode; a thread driving
+    engines that live apart: oracle.threaded_mode); else, where the engines live apart, its engine starts while
+    invariant mode runs (oracle.overlap)."""
+    from oracle.forked_mode import ForkedMode, forks
+    from oracle.overlap import EarlyStart, overlaps, production_localizes
+    from oracle.threaded_mode import ThreadedMode
 
     modes = modes_read(plan.config)
+    if forks(plan, modes):
+        _run_beside(plan, observer, localizer, results, report, False, ForkedMode)
+        return
     beside = overlaps(plan, modes)
+    together = beside and plan.engine.starts_together(plan.config.engine)
+    if beside and not production_localizes(plan):
+        _run_beside(plan, observer, localizer, results, report, True,
+                    lambda ex, told: ThreadedMode(ex, told, wait_for_first=not together))
+        return
     build = engine_builder(plan, beside=beside)
     early = EarlyStart(build, modes[-1]) if beside else None
     try:
-        if early is not None and plan.engine.starts_together(plan.config.engine):
+        if early is not None and together:
             early.begin()
         for i, mode in enumerate(modes):
             own = build if early is None else early.first(build) if i == 0 else early.take
@@ -177,13 +189,47 @@ def _run_modes(plan: Plan, observer: Observer, localizer: OpLocalizer, results: 
             finally:
                 if early is not None and own == early.take and "engine_start" in execution.clock.seconds:
                     execution.clock.seconds["engine_start"] = early.start_s  # its own start, not the wait
-                results[mode] = execution.result()
-                report.timings[f"{mode}_s"] = round(execution.seconds, 3)
-                report.timings.update(rounded(dict(results[mode].timings), f"{mode}_"))
+                _keep(report, results, mode, execution.result(), execution.seconds)
     finally:
         if early is not None:
             early.close()
             report.timings.update(early.timings())
+
+
+def _keep(report: Report, results: dict[Mode, ModeResult], mode: Mode, result: ModeResult, seconds: float) -> None:
+    results[mode] = result
+    report.timings[f"{mode}_s"] = round(seconds, 3)
+    report.timings.update(rounded(dict(result.timings), f"{mode}_"))
+
+
+def _run_beside(plan: Plan, observer: Observer, localizer: OpLocalizer, results: dict[Mode, ModeResult],
+                report: Report, apart: bool, make: Callable[[ModeExecution, Observer], Any]) -> None:
+    """Invariant mode here while production mode runs beside it (`make(execution, observer)`: a ForkedMode or a
+    ThreadedMode); the results kept, and production's fault raised, as a sequential run would (production's once
+    invariant mode is done). `apart`: the engines live in processes of their own (the row's `beside` config)."""
+    build = engine_builder(plan, beside=apart)
+
+    def execution(mode: Mode, own: Callable[[Mode], Engine]) -> ModeExecution:
+        return ModeExecution(plan, mode, Observer(), own, localizer, engine_builder(plan, 1, apart),
+                             check_runs=check_runs(plan.config), shard=plan.shard)
+
+    second = make(execution("production", build), observer)
+    second.start()
+    try:
+        here = execution("invariant", second.first(build))
+        here.observer = observer
+        try:
+            here.run()
+        finally:
+            _keep(report, results, "invariant", here.result(), here.seconds)
+        result, seconds, error = second.join()
+        if result is not None:
+            _keep(report, results, "production", result, seconds)
+        report.timings.update(second.timings())
+        if error is not None:
+            raise error
+    finally:
+        second.cancel()
 
 
 def finish_run(plan: Plan, results: dict[Mode, ModeResult], report: Report, work: Callable[[], None],

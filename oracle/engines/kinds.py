@@ -1,12 +1,11 @@
 """One row per engine kind: everything oracle knows about an engine that is not in the engine itself.
 
-Like the kernels' `OVERRIDES` and the judge's `CHECKS`, an engine kind is one declaration
-(`EngineKind`): its options model, how it is built, the packages it needs and the line that installs
-them, whether it runs the weights, what its start does and how long it may take, which of its
-options load code (the trust gate of replay, localize and merge), what one server for both modes
-means for it, how its posture is read from the config, and its example config. Every module that
-needs one of these reads the row; none switches on the kind's name. A run resolves its row once
-(`oracle.engines.resolve_engine`, when it is planned: `Plan.engine`) and hands it on.
+Like the kernels' `OVERRIDES` and the judge's `CHECKS`, an engine kind is one declaration (`EngineKind`): its
+options model, how it is built, the packages it needs and the line that installs them, whether it runs the
+weights, what its start does and how long it may take, which of its options load code (the trust gate of replay,
+localize and merge), what one server for both modes means for it, how its posture is read from the config, and
+its example config. Every module that needs one of these reads the row; none switches on the kind's name. A run
+resolves its row once (`oracle.engines.resolve_engine`, when it is planned: `Plan.engine`) and hands it on.
 
 The built-in kinds are `BUILTIN`. A package adds a kind through the entry point group
 `oracle.engines` (as pytest plugins use `pytest11`):
@@ -15,10 +14,10 @@ The built-in kinds are `BUILTIN`. A package adds a kind through the entry point 
     sglang = "my_pkg.sglang_engine:ROW"          # an EngineKind
     mine = "my_pkg.engine:MyEngine"              # or an engine class meeting the contract
 
-`engine.kind: sglang` then works everywhere a built-in kind does. A class given there (or as
-`engine.kind: package.module:Class`) gets a row made from the class (`class_row`): it is called as
-`Class(model=..., mode=..., **keyword arguments)`; its optional class attributes `needs_weights`,
-`code_loading_options` (option names that load or run code) and `start_work` fill the row.
+`engine.kind: sglang` then works everywhere a built-in kind does. A class given there (or as `engine.kind:
+package.module:Class`) gets a row made from the class (`class_row`): called as `Class(model=..., mode=..., **keyword
+arguments)`; its optional attributes `needs_weights`, `code_loading_options` (option names that load or run code)
+and `start_work` fill the row.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from pydantic import BaseModel
 
 from oracle import posture
 from oracle.config import EngineConfig
+from oracle.device import cpu_threads_apart
 from oracle.engine_options import ENTRY_POINT_GROUP, OPTIONS, OpenAIOptions, VllmOptions, entry_points
 from oracle.errors import ConfigError
 
@@ -116,9 +116,10 @@ class EngineKind:
     server_url: Callable[[Mapping[str, Any]], str | None] = _sends_nowhere
     uses_device: bool = True
     # Its start (and run) may go on while the other mode's engine runs: the engine lives in processes of its own
-    # (vLLM's worker, a server each mode starts), so the modes share no process, no cache and no process-global
-    # state. False where invariant mode is this process's `torch.library` overrides (native, transformers).
+    # (vLLM's worker, a server each mode starts), so the modes share no process, cache or process-global state.
     starts_apart: Callable[[EngineConfig], bool] = _never
+    # Production mode may run whole in a fork of the run's process while invariant mode runs (oracle.forked_mode).
+    forks_beside: Callable[[EngineConfig], bool] = _never
     # The config of one of two engines that run at once (oracle.overlap): vLLM on one GPU halves its memory.
     beside: Callable[[EngineConfig], EngineConfig] = _as_given
     # Its start may also run while the other mode's engine starts (else it waits until that one is up).
@@ -362,7 +363,7 @@ def _openai_server_packages(cfg: EngineConfig) -> list[tuple[str, str, str]]:
 BUILTIN: dict[str, EngineKind] = {row.name: row for row in (
     EngineKind("native", _builtin("oracle.engines.native:NativeEngine"), OPTIONS["native"], start_work="model load",
                declare_posture=posture.declare_native, example="tiny", check_model=_native_model,
-               fits=_fits_native),
+               fits=_fits_native, forks_beside=cpu_threads_apart),
     EngineKind("transformers", _builtin("oracle.engines.transformers_engine:TransformersEngine"),
                OPTIONS["transformers"], packages=("transformers",),
                install="pip install 'oracle-determinism[transformers]'", start_work="model load",

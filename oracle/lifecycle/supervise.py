@@ -20,9 +20,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from oracle.lifecycle import signals
 from oracle.lifecycle.tether import die_with, python
 
 if TYPE_CHECKING:  # the report and its views are imported where used: every `oracle` command imports this module
@@ -35,6 +37,9 @@ PARENT_FD_ENV = "ORACLE_RUN_PARENT_FD"
 # (oracle.config.config_handoff), so the child runs that config, parsed once, whatever the file holds by then.
 CONFIG_FD_ENV = "ORACLE_RUN_CONFIG_FD"
 
+
+# The child's code when its parent gave up before handing it the run (the parent reports why, not this code).
+EXIT_GAVE_UP = 2
 
 _watching: list[int] = []
 
@@ -53,8 +58,24 @@ def watch_parent() -> None:
     die_with(fd, "oracle-parent-watch")
 
 
-def inherited_config() -> Config | None:
-    """In the child: the config the parent resolved, read from its pipe; None in any other process.
+def warm_up() -> None:
+    """In the child, before it reads the config: import torch while the parent reads the config and writes the
+    started report. Signals are held from here until `warmed()` (inside the run's guard, which writes the report
+    a signal stops the run with); torch missing is left to the run's own import, where it is reported."""
+    signals.hold()
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+
+
+def warmed() -> None:
+    """The run's guard is up: a signal held since `warm_up` stops the run now."""
+    signals.release()
+
+
+def inherited_run() -> tuple[Config, int] | None:
+    """In the child: the config the parent resolved and the run's seed, read from its pipe; None in any other
+    process. A pipe closed with nothing sent: the parent gave up before the run (a config it refused, a signal)
+    and says why itself; this process ends without a word or a file.
 
     The variable is taken out of the environment, so processes the child starts do not inherit it."""
     fd = os.environ.pop(CONFIG_FD_ENV, None)
@@ -64,7 +85,10 @@ def inherited_config() -> Config | None:
 
     with os.fdopen(int(fd), "rb") as pipe:
         blob = pipe.read()
-    return config_from_handoff(blob)
+    if not blob:
+        os._exit(EXIT_GAVE_UP)
+    seed, _, config = blob.partition(b"\n")
+    return config_from_handoff(config), int(seed)
 
 
 def _send(fd: int, blob: bytes) -> None:
@@ -114,56 +138,95 @@ def _final(path: Path) -> Report | None:
     return None
 
 
-def run_child(argv: list[str], started: Report, report_dir: Path, config: Config) -> int:
-    """Run `oracle ARGV` in a child (its own process group, tethered to us); the exit code its report gives.
+class Child:
+    """`oracle ARGV` in a child (its own process group, tethered to us), started as soon as the command line is
+    read: it imports torch (`warm_up`) while this process reads the config and writes the started report, then
+    runs the config `run_child` sends it. `abandon()` ends a child that was sent nothing (the parent gave up)."""
 
-    `started` is the report the parent wrote before starting the child; it is rewritten with how the
-    child ended when the child wrote no final report. `config` is the config the parent resolved: the child
-    reads it from a pipe (`inherited_config`) rather than the file again.
+    def __init__(self, argv: list[str]) -> None:
+        read_end, self.write_end = os.pipe()
+        config_read, self.config_write = os.pipe()
+        env = {**os.environ, PARENT_FD_ENV: str(read_end), CONFIG_FD_ENV: str(config_read)}
+        try:
+            # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
+            # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
+            self.proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env,
+                                         pass_fds=(read_end, config_read), preexec_fn=os.setpgrp)
+        except BaseException:
+            self._close()
+            raise
+        finally:
+            os.close(read_end)
+            os.close(config_read)
+
+    def send(self, blob: bytes) -> None:
+        """Hand the child its run (once); it reads it after its warm-up, as it is written."""
+        sending, self.config_write = self.config_write, -1
+        _send(sending, blob)
+
+    def _close(self) -> None:
+        for name in ("write_end", "config_write"):  # -1 once closed: a closed number may be another file's by now
+            fd = getattr(self, name)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, -1)
+
+    def abandon(self) -> None:
+        """End the child unless it was sent its run; close our ends of its pipes."""
+        if self.config_write >= 0 and self.proc.poll() is None:  # sent nothing: it has started nothing yet
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._close()
+
+
+def supervised(args: Any, resolve: Callable[[Any], Config]) -> int:
+    """`oracle run` in the parent: the child started at once, the config resolved (`resolve(args)`) and the
+    started report written meanwhile, then the run handed to the child; the exit code its report gives."""
+    child = Child(sys.argv[1:] if args.argv is None else list(args.argv))
+    try:
+        # Held until whole: the handler that replaces an earlier run's report imports them again.
+        with signals.deferred():
+            import oracle.config  # noqa: F401 - resolve's
+            from oracle.lifecycle.run_guard import RunGuard
+        config = resolve(args)
+        report_dir = args.report_dir or Path(config.report_dir)
+        blame = "--report-dir" if args.report_dir else None
+        with RunGuard(config, report_dir, args.seed, blame=blame) as guard:
+            return run_child(child, guard.report, report_dir, config, guard.seed)
+    finally:
+        child.abandon()
+
+
+def run_child(child: Child, started: Report, report_dir: Path, config: Config, seed: int) -> int:
+    """Hand `child` its run and wait for it; the exit code its report gives.
+
+    `started` is the report the parent wrote; it is rewritten with how the child ended when the child wrote no
+    final report. `config` is the config the parent resolved and `seed` the run's: the child reads both from a
+    pipe (`inherited_run`) rather than the file again.
     """
     from oracle.config import config_handoff
 
-    read_end, write_end = os.pipe()
-    config_read, config_write = os.pipe()
-    env = {**os.environ, PARENT_FD_ENV: str(read_end), CONFIG_FD_ENV: str(config_read)}
     signalled: list[int] = []
-    procs: list[subprocess.Popen[bytes]] = []
+    proc = child.proc
 
     def forward(signum: int, frame: object) -> None:
         if not signalled:
             signalled.append(signum)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        blob = config_handoff(config)  # before the child exists: a config that cannot be sent starts none
-        # The child leads its own group, so a Ctrl-C at the terminal reaches it once, through us.
-        # (preexec_fn rather than 3.11's process_group=0; the parent runs no threads.)
-        proc = subprocess.Popen([*python(), "-m", "oracle", *argv], env=env, pass_fds=(read_end, config_read),
-                                preexec_fn=os.setpgrp)
-        procs.append(proc)
-        os.close(read_end)
-        os.close(config_read)
-        config_read = -1
-        # After the start (a config larger than the pipe's buffer is read as it is written), on this thread.
-        config_write, sending = -1, config_write
-        _send(sending, blob)
-        if signalled:  # arrived between the handler and the child's start
-            proc.send_signal(signalled[0])
+        child.send(f"{seed}\n".encode() + config_handoff(config))  # read as it is written, on this thread
         returncode = proc.wait()
-        os.close(write_end)
+        child._close()
         # Still under `forward` (a late signal is only noted): the code returned is the report's.
         return _settle(report_dir, started, returncode, signalled)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        with contextlib.suppress(OSError):
-            os.close(write_end)
-        for fd in (config_read, config_write):  # -1 once closed: a closed number may be another file's by now
-            if fd >= 0:
-                os.close(fd)
 
 
 def _settle(report_dir: Path, started: Report, returncode: int, signalled: list[int]) -> int:

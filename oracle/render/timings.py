@@ -23,7 +23,8 @@ def _spent(timings: Mapping[str, float], prefix: str, labels: Iterable[tuple[str
 def timing_line(timings: Mapping[str, float]) -> str | None:
     """`where the time went: invariant: engine start 0.1s, references 0.8s, ...; production: ...; judge 0.0s`,
     phases under 0.05 s left out; None for a report without the breakdown. Where the second mode's engine
-    started while the first mode ran (oracle.overlap), its start says how much of it ran alongside, and the
+    started while the first mode ran (oracle.overlap), its start says how much of it ran alongside; where the whole
+    second mode ran beside the first (oracle.forked_mode), the mode says what of it was waited for. Either way the
     line ends with the wall clock (`total_s`), which is then less than the phases' sum."""
     parts = []
     modes = ("invariant", "production")
@@ -33,7 +34,11 @@ def timing_line(timings: Mapping[str, float]) -> str | None:
         if phases and isinstance(wait, (int, float)) and phases[0].startswith("engine start"):
             other = next(m for m in modes if m != mode)
             phases[0] += f" ({timings.get('overlap_s', 0):.1f}s of it alongside {other}, {wait:.1f}s waited for)"
-        if phases:
+        ran = timings.get(f"{mode}_wait_s")  # the whole mode ran beside the other (oracle.forked_mode)
+        if phases and isinstance(ran, (int, float)):
+            other = next(m for m in modes if m != mode)
+            parts.append(f"{mode} (beside {other}, {ran:.1f}s waited for): " + ", ".join(phases))
+        elif phases:
             parts.append(f"{mode}: " + ", ".join(phases))
     merge = _spent(timings, "merge_", ((p, p) for p in PHASES), floor=None)
     if merge:
