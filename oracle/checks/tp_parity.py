@@ -26,7 +26,6 @@ from oracle.compare import first_divergence
 from oracle.config import EngineConfig
 from oracle.engines.contract import Completion, Engine, RunSpec
 from oracle.lifecycle.watchdog import start_engine
-from oracle.localize_sizes import capture_size, localize_between
 from oracle.localized_op import LocalizedOp
 from oracle.mode_result import InstanceRun
 from oracle.plan import solo_request
@@ -156,6 +155,8 @@ def _run(context: CheckContext) -> None:
         spec = _first_differing(context, run)
         if spec is not None:
             try:
+                from oracle.localize_sizes import capture_size  # torch: only where a localization runs
+
                 first.append((spec, capture_size(engine, spec, size)))
             except Exception as err:  # noqa: BLE001 - the check's verdict stands without the op
                 first.append(f"not captured at {FIELD} {size}: {type(err).__name__}: {err}")
@@ -186,6 +187,8 @@ def _localize(context: CheckContext, first: Any) -> dict[str, Any]:
     try:
         engine = start_engine(plan.config.engine, plan.model_dir, mode, plan.engine)
         try:
+            from oracle.localize_sizes import localize_between
+
             op = localize_between(captured, engine, own, spec, context.repro_dir("tp_parity"))
         finally:
             engine.close()
