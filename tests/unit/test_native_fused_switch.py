@@ -102,3 +102,13 @@ def test_the_fused_path_gives_the_composed_bits(tiny_qwen3: Path, monkeypatch: p
         if x.logits is not None:
             assert y.logits is not None
             assert all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits, strict=True))
+
+
+def test_the_option_turns_the_fused_path_off(tiny_qwen3: Path, cpu_fuses: None) -> None:
+    on = _engine(tiny_qwen3, "invariant")
+    off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1,
+                                                                 fused_kernels=False))
+    assert on.describe()["fused_kernels"] is True and off.describe()["fused_kernels"] is False
+    seen = _record_fused(off)
+    off.generate(batch_around_target(3, 1, seed=8))
+    assert seen and not any(seen)

@@ -120,6 +120,8 @@ class NativeEngine:
         if options.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
         self.cuda_graphs = self.device.type == "cuda" if options.cuda_graphs is None else options.cuda_graphs
+        # The fused chains (kernels/fused.py, the sampler's one-read kernel) where they give the composed bits.
+        self.fused_kernels = options.fused_kernels is not False
         self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[config.dtype], self.device)
         self.tensor_parallel_size = options.tensor_parallel_size
         # Ranks 1..N-1 of a sharded model (oracle.engines.native.ranks); None in one process.
@@ -165,6 +167,7 @@ class NativeEngine:
             "enable_prefix_caching": self.enable_prefix_caching,
             "num_threads": self.num_threads or torch.get_num_threads(),
             "cuda_graphs": self.cuda_graphs,
+            "fused_kernels": self.fused_kernels and fused_path_applies(self.mode, self.device, self.decoder.dtype),
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
@@ -280,7 +283,8 @@ class NativeEngine:
                 for r in requests]
         generators = [self._generator(r) for r in requests]
         # The decoder's fused chains where they give the composition's bits; never under per-op capture (pass_hook).
-        fused = self.pass_hook is None and fused_path_applies(self.mode, self.device, self.decoder.dtype)
+        fused = (self.pass_hook is None and self.fused_kernels
+                 and fused_path_applies(self.mode, self.device, self.decoder.dtype))
         with torch.no_grad(), self._threads(), self._kernels(), self.decoder.fusing(fused):
             step = 0
             profile = self.profile
@@ -318,7 +322,7 @@ class NativeEngine:
         done = [item.seq.index for item in batch if item.completes]
         pending = queue_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
                              before_copy=profile.sampled if profile is not None else None,
-                             invariant=self.mode == "invariant")
+                             invariant=self.mode == "invariant", fused=self.fused_kernels)
         if profile is not None:
             profile.phase("sample")
         # Host work while the device computes the pass and samples it.

@@ -193,15 +193,16 @@ def invariant_columns(
 
 def queue_rows(
     logits: torch.Tensor, sampling: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
-    before_copy: Callable[[], None] | None = None, invariant: bool = False,
+    before_copy: Callable[[], None] | None = None, invariant: bool = False, fused: bool = True,
 ) -> PendingRows:
     """Queue the tokens and outputs of every row of `logits` [R, vocab] float32 and their one host copy
     (asynchronous on CUDA, into pinned memory); `.result()` reads them.
 
     `before_copy` is called once the device work is queued, right before the copy (the profile's event).
-    `invariant` (the engine's invariant mode, whose kernels are in force): on CUDA, `invariant_columns`."""
+    `invariant` (the engine's invariant mode, whose kernels are in force): on CUDA, `invariant_columns`, unless
+    `fused` is off (engine option `fused_kernels: false`)."""
     device = logits.device
-    fused = invariant and device.type == "cuda"
+    fused = fused and invariant and device.type == "cuda"
     columns = [(invariant_columns if fused else _columns)(logits, sampling, generators)]
     digest_rows = [i for i, s in enumerate(sampling) if s.logits == "digest"]
     if digest_rows:
