@@ -31,9 +31,10 @@ class NativeOptions(_Strict):
     stop_at_eos: bool = Field(False, description="finish a request at the model's EOS token (off: exactly max_tokens)")
     cuda_graphs: bool | None = Field(
         None, description="decode steps replay CUDA graphs (CUDA devices only); null: on where engine.device is CUDA")
-    fused_kernels: bool | None = Field(
-        None, description="invariant mode on CUDA in bf16/fp16 runs the decoder's norm, rotary, activation and "
-                          "sampling chains as one Triton kernel each, bitwise the composed ops; null: on there")
+    fused_kernels: bool = Field(
+        False, description="invariant mode on CUDA in bf16/fp16 runs the decoder's norm, rotary, activation and "
+                           "sampling chains as one Triton kernel each, bitwise the composed ops (opt-in: not yet "
+                           "run on a GPU, tests/gpu/test_fused_cuda.py and test_sampling_cuda.py say so)")
     tensor_parallel_size: int = Field(
         1, ge=1, description="ranks the model is sharded over (CPU, one process each, all-reduce over gloo); must "
                              "divide the model's attention heads, kv heads and intermediate size")

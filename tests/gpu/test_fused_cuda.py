@@ -103,7 +103,8 @@ def test_the_fused_ops_are_covered_on_cuda() -> None:
 
 def _engine(model: Any, dtype: str, cuda_graphs: bool) -> NativeEngine:
     return NativeEngine(model, "invariant", EngineConfig.of(
-        "native", device="cuda", dtype=dtype, max_num_batched_tokens=4096, cuda_graphs=cuda_graphs))
+        "native", device="cuda", dtype=dtype, max_num_batched_tokens=4096, cuda_graphs=cuda_graphs,
+        fused_kernels=True))
 
 
 def _same(a: list[Completion], b: list[Completion]) -> None:

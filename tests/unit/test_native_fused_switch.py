@@ -41,7 +41,8 @@ def cpu_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _engine(model: Any, mode: str) -> NativeEngine:
-    return NativeEngine(model, mode, EngineConfig.of("native", dtype="bfloat16", num_threads=1))  # type: ignore[arg-type]
+    return NativeEngine(model, mode, EngineConfig.of("native", dtype="bfloat16", num_threads=1,  # type: ignore[arg-type]
+                                                     fused_kernels=True))
 
 
 def _record_fused(engine: NativeEngine) -> list[bool]:
@@ -104,10 +105,9 @@ def test_the_fused_path_gives_the_composed_bits(tiny_qwen3: Path, monkeypatch: p
             assert all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits, strict=True))
 
 
-def test_the_option_turns_the_fused_path_off(tiny_qwen3: Path, cpu_fuses: None) -> None:
+def test_the_option_turns_the_fused_path_on(tiny_qwen3: Path, cpu_fuses: None) -> None:
     on = _engine(tiny_qwen3, "invariant")
-    off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1,
-                                                                 fused_kernels=False))
+    off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1))
     assert on.describe()["fused_kernels"] is True and off.describe()["fused_kernels"] is False
     seen = _record_fused(off)
     off.generate(batch_around_target(3, 1, seed=8))

@@ -121,7 +121,7 @@ class NativeEngine:
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
         self.cuda_graphs = self.device.type == "cuda" if options.cuda_graphs is None else options.cuda_graphs
         # The fused chains (kernels/fused.py, the sampler's one-read kernel) where they give the composed bits.
-        self.fused_kernels = options.fused_kernels is not False
+        self.fused_kernels = options.fused_kernels
         self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[config.dtype], self.device)
         self.tensor_parallel_size = options.tensor_parallel_size
         # Ranks 1..N-1 of a sharded model (oracle.engines.native.ranks); None in one process.
