@@ -243,7 +243,7 @@ def prepared_workload(command: str, name: str, num_seqs: int | None, preset: str
 
 def bench_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, rounds: int = 3, device: str | None = None,
-    preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None,
+    preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = False,
 ) -> int:
     """Time the native engine on a named workload in both modes; `preset`/`num_seqs` shrink it (smoke runs)."""
     import torch
@@ -257,7 +257,8 @@ def bench_workload(
     for mode in ("production", "invariant"):
         engine = NativeEngine(decoder, mode, EngineConfig.of(
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
-            max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs))
+            max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs,
+            fused_kernels=fused_kernels))
 
         def run_once(engine: NativeEngine = engine) -> int:
             return sum(len(o.token_ids) for o in engine.generate(requests))
@@ -265,7 +266,8 @@ def bench_workload(
         try:
             timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
             rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3),
-                                   "cuda_graphs": engine.cuda_graphs}
+                                   "cuda_graphs": engine.cuda_graphs,
+                                   "fused_kernels": engine.describe()["fused_kernels"]}
         finally:
             engine.close()
             if device == "cuda":

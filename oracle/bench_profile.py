@@ -176,7 +176,7 @@ def _print(rows: dict[str, Any]) -> None:
 
 def profile_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, device: str | None = None, preset: str | None = None,
-    num_seqs: int | None = None, cuda_graphs: bool | None = None, modes: tuple[str, ...] = ("invariant", "production"),
+    num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = False, modes: tuple[str, ...] = ("invariant", "production"),
     op_table_round: bool = True,
 ) -> int:
     """Profile the native engine on a named workload (`oracle.bench.WORKLOADS`), per mode."""
@@ -192,14 +192,16 @@ def profile_workload(
     for mode in modes:
         engine = NativeEngine(decoder, mode, EngineConfig.of(  # type: ignore[arg-type]
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
-            max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs))
+            max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs,
+            fused_kernels=fused_kernels))
 
         def run_once(engine: NativeEngine = engine) -> int:
             return sum(len(o.token_ids) for o in engine.generate(requests))
 
         try:
             rows["modes"][mode] = {**profile_mode(engine, run_once, warmup, op_table_round),
-                                   "cuda_graphs": engine.cuda_graphs}
+                                   "cuda_graphs": engine.cuda_graphs,
+                                   "fused_kernels": engine.describe()["fused_kernels"]}
         finally:
             engine.close()
             if device == "cuda":
@@ -222,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--sequences", type=int, default=None)
     prof.add_argument("--mode", choices=["invariant", "production", "both"], default="both")
     prof.add_argument("--no-cuda-graphs", action="store_true")
+    prof.add_argument("--fused-kernels", action="store_true")
     prof.add_argument("--no-op-table", action="store_true", help="skip the torch.profiler round")
     prof.add_argument("--json", type=Path, default=None)
     args = prof.parse_args(argv)
     return profile_workload(
         args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
-        num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
+        num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels,
         modes=("invariant", "production") if args.mode == "both" else (args.mode,),
         op_table_round=not args.no_op_table)
 

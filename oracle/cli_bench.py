@@ -24,6 +24,8 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
     b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
     b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
     b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
+    b.add_argument("--fused-kernels", action="store_true",
+                   help="--workload: the native engine's option fused_kernels on (invariant mode's fused chains)")
     b.add_argument("--profile", action="store_true", help="--workload: where the native engine's time goes "
                    "(host phases, forward by kind, decode graph coverage, host syncs, kernels by op class) instead "
                    "of timed rounds")
@@ -46,12 +48,13 @@ def _bench_workload(args: argparse.Namespace) -> int:
         from oracle.bench_profile import profile_workload
 
         return profile_workload(args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
-                                num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None)
+                                num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
+                                fused_kernels=args.fused_kernels)
     with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
         json_path = args.json or Path(tmp) / "bench.json"
         rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
                             preset=args.preset, num_seqs=args.sequences,
-                            cuda_graphs=False if args.no_cuda_graphs else None)
+                            cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels)
         if rc != 0 or args.no_vllm:
             return rc
         return bench_vllm.extend(json_path, args.warmup, args.rounds)
