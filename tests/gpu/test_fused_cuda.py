@@ -20,6 +20,7 @@ import numpy as np
 import oracle_kernels
 import pytest
 import torch
+from fused_record import record_fused
 from native_batches import batch_around_target
 from oracle_kernels.fused import rms_norm_composed, rope_composed
 
@@ -115,23 +116,10 @@ def _same(a: list[Completion], b: list[Completion]) -> None:
             assert all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits, strict=True))
 
 
-def _record_fused(engine: NativeEngine) -> list[bool]:
-    """`decoder.fused` at each eager forward pass of `engine` from now on (graph replays call no forward)."""
-    seen: list[bool] = []
-    forward = engine.decoder.forward
-
-    def recording(*args: Any) -> torch.Tensor:
-        seen.append(engine.decoder.fused)
-        return forward(*args)
-
-    engine.decoder.forward = recording  # type: ignore[method-assign]
-    return seen
-
-
 def _fused_equals_composed(model: Any, dtype: str, monkeypatch: pytest.MonkeyPatch, sizes: tuple[int, ...]) -> None:
     for cuda_graphs in (True, False):
         fused = _engine(model, dtype, cuda_graphs)
-        seen = _record_fused(fused)
+        seen = record_fused(fused)
         results = {size: fused.generate(batch_around_target(size, size // 2, seed=40 + size)) for size in sizes}
         del fused.decoder.forward  # the class's again
         assert seen and all(seen)

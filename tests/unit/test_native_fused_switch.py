@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fused_record import record_fused
 from native_batches import batch_around_target
 
 from oracle.compare import first_divergence
@@ -45,19 +46,6 @@ def _engine(model: Any, mode: str) -> NativeEngine:
                                                      fused_kernels=True))
 
 
-def _record_fused(engine: NativeEngine) -> list[bool]:
-    """`decoder.fused` at each forward pass of `engine` from now on."""
-    seen: list[bool] = []
-    forward = engine.decoder.forward
-
-    def recording(*args: Any) -> torch.Tensor:
-        seen.append(engine.decoder.fused)
-        return forward(*args)
-
-    engine.decoder.forward = recording  # type: ignore[method-assign]
-    return seen
-
-
 class _Rows:
     """The least of a RowCapture that `NativeEngine.capture` uses: it captures nothing."""
 
@@ -70,7 +58,7 @@ class _Rows:
 
 def test_invariant_mode_fuses_and_its_capture_does_not(tiny_qwen3: Path, cpu_fuses: None) -> None:
     engine = _engine(tiny_qwen3, "invariant")
-    seen = _record_fused(engine)
+    seen = record_fused(engine)
     reqs = batch_around_target(4, 1, seed=5)
     engine.generate(reqs)
     assert seen and all(seen)
@@ -83,7 +71,7 @@ def test_invariant_mode_fuses_and_its_capture_does_not(tiny_qwen3: Path, cpu_fus
 
 def test_production_mode_never_fuses(tiny_qwen3: Path, cpu_fuses: None) -> None:
     engine = _engine(tiny_qwen3, "production")
-    seen = _record_fused(engine)
+    seen = record_fused(engine)
     engine.generate(batch_around_target(3, 0, seed=6))
     assert seen and not any(seen)
 
@@ -95,7 +83,7 @@ def test_the_fused_path_gives_the_composed_bits(tiny_qwen3: Path, monkeypatch: p
     expected = composed.generate(reqs)
     monkeypatch.setattr(native_model, "FUSED_DEVICE_TYPES", frozenset({"cpu"}))
     fused = _engine(composed.decoder, "invariant")
-    seen = _record_fused(fused)
+    seen = record_fused(fused)
     actual = fused.generate(reqs)
     assert seen and all(seen)
     for x, y in zip(expected, actual, strict=True):
@@ -109,6 +97,6 @@ def test_the_option_turns_the_fused_path_on(tiny_qwen3: Path, cpu_fuses: None) -
     on = _engine(tiny_qwen3, "invariant")
     off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1))
     assert on.describe()["fused_kernels"] is True and off.describe()["fused_kernels"] is False
-    seen = _record_fused(off)
+    seen = record_fused(off)
     off.generate(batch_around_target(3, 1, seed=8))
     assert seen and not any(seen)
