@@ -16,17 +16,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import oracle_kernels
 import pytest
 import torch
+from bitwise import assert_same_bits
 from fused_record import record_fused
 from native_batches import batch_around_target
 from oracle_kernels.fused import rms_norm_composed, rope_composed
 
-from oracle.compare import first_divergence
 from oracle.config import EngineConfig
-from oracle.engines.contract import Completion
 from oracle.engines.native import NativeEngine
 from oracle.engines.native import model as native_model
 
@@ -108,14 +106,6 @@ def _engine(model: Any, dtype: str, cuda_graphs: bool) -> NativeEngine:
         fused_kernels=True))
 
 
-def _same(a: list[Completion], b: list[Completion]) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert first_divergence(x, y) is None, x.request_id
-        if x.logits is not None:
-            assert y.logits is not None
-            assert all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits, strict=True))
-
-
 def _fused_equals_composed(model: Any, dtype: str, monkeypatch: pytest.MonkeyPatch, sizes: tuple[int, ...]) -> None:
     for cuda_graphs in (True, False):
         fused = _engine(model, dtype, cuda_graphs)
@@ -129,7 +119,7 @@ def _fused_equals_composed(model: Any, dtype: str, monkeypatch: pytest.MonkeyPat
             m.setattr(native_model, "FUSED_DEVICE_TYPES", frozenset())
             composed = _engine(fused.decoder, dtype, cuda_graphs)
             for size in sizes:
-                _same(results[size], composed.generate(batch_around_target(size, size // 2, seed=40 + size)))
+                assert_same_bits(results[size], composed.generate(batch_around_target(size, size // 2, seed=40 + size)))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

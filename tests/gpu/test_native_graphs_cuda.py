@@ -17,14 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from bitwise import assert_same_bits
 from native_batches import batch_around_target
 
-from oracle.compare import first_divergence
 from oracle.config import EngineConfig
-from oracle.engines.contract import Completion
 from oracle.engines.native import NativeEngine
 from oracle.engines.native.graphs import DecodeGraphs
 
@@ -40,19 +38,11 @@ def _engine(model: Any, dtype: str, cuda_graphs: bool = True) -> NativeEngine:
         "native", device="cuda", dtype=dtype, max_num_batched_tokens=4096, cuda_graphs=cuda_graphs))
 
 
-def _same(a: list[Completion], b: list[Completion]) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert first_divergence(y, x) is None, x.request_id
-        if x.logits is not None:
-            assert y.logits is not None
-            assert all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits, strict=True))
-
-
 def _graphs_equal_eager(engine: NativeEngine, sizes: tuple[int, ...] = (1, 3, 9, 17)) -> None:
     eager = _engine(engine.decoder, str(engine.decoder.dtype).removeprefix("torch."), cuda_graphs=False)
     for size in sizes:
         reqs = batch_around_target(size, size // 2, seed=300 + size)
-        _same(engine.generate(reqs), eager.generate(reqs))
+        assert_same_bits(engine.generate(reqs), eager.generate(reqs))
     assert engine._graphs is not None and engine._graphs.graphs
 
 
