@@ -120,9 +120,11 @@ class NativeEngine:
         if options.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
         self.cuda_graphs = self.device.type == "cuda" if options.cuda_graphs is None else options.cuda_graphs
-        # The fused chains (kernels/fused.py, the sampler's one-read kernel) where they give the composed bits.
-        self.fused_kernels = options.fused_kernels
         self.decoder = model if isinstance(model, Decoder) else load_decoder(model, DTYPES[config.dtype], self.device)
+        # The fused chains (kernels/fused.py, the sampler's one-read kernel) where they give the composed bits:
+        # the option, and whether this mode, device and dtype have a fused decoder (decided once here).
+        self.fused_kernels = options.fused_kernels
+        self._fused_decoder = self.fused_kernels and fused_path_applies(self.mode, self.device, self.decoder.dtype)
         self.tensor_parallel_size = options.tensor_parallel_size
         # Ranks 1..N-1 of a sharded model (oracle.engines.native.ranks); None in one process.
         self.ranks: RankGroup | None = None
@@ -167,7 +169,7 @@ class NativeEngine:
             "enable_prefix_caching": self.enable_prefix_caching,
             "num_threads": self.num_threads or torch.get_num_threads(),
             "cuda_graphs": self.cuda_graphs,
-            "fused_kernels": self.fused_kernels and fused_path_applies(self.mode, self.device, self.decoder.dtype),
+            "fused_kernels": self._fused_decoder,
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
@@ -283,8 +285,7 @@ class NativeEngine:
                 for r in requests]
         generators = [self._generator(r) for r in requests]
         # The decoder's fused chains where they give the composition's bits; never under per-op capture (pass_hook).
-        fused = (self.pass_hook is None and self.fused_kernels
-                 and fused_path_applies(self.mode, self.device, self.decoder.dtype))
+        fused = self._fused_decoder and self.pass_hook is None
         with torch.no_grad(), self._threads(), self._kernels(), self.decoder.fusing(fused):
             step = 0
             profile = self.profile
