@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,21 @@ settings.load_profile("oracle-fast")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--reverse", action="store_true",
                      help="run the collected tests in reverse order (a test must not depend on what ran before it)")
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the collected tests in an order shuffled by SEED (printed in the header)")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("--shuffle")
+    return f"tests shuffled with --shuffle {seed}" if seed is not None else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--reverse"):
         items.reverse()
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,11 +8,14 @@ the compositions, which are the ops' CPU and default implementations):
     silu_mul_kernel       silu(gate) * up                                       (2 kernels -> 1)
 
 Bitwise, for bf16 and fp16 only. Every rounding of the composition is kept: each torch kernel of the
-chain computes in fp32 and rounds once to the dtype, so each step here ends in `.to(dtype)`. Those
-casts are also what keeps the compiler from contracting a product and a sum into one FMA (Triton's
-`enable_fp_fusion` is on, as for every kernel of this package): between the multiply and the add
-there is a round trip through the half type, which no contraction crosses. In fp32 there would be
-none, so fp32 stays on the composition (the launchers fall back to it).
+chain computes in fp32 and rounds once to the dtype, so each step here ends in `.to(dtype)`. A round
+trip through the half type does not stop the compiler from contracting a product and a sum into one
+FMA: it reads `(a * b).to(bf16)` of two halves as a half multiply and fuses it with the half add that
+follows (`fma.rn.bf16`, one rounding where rope rounds three times; seen on an H100). So these kernels
+launch with Triton's `enable_fp_fusion` off (`NO_FMA`), and the one contraction the composition does
+make, the RMS reduction's `squares += x * x`, is written out as `tl.fma` in `reduction.row_rstd`.
+tests/unit/test_kernels_triton_layout.py reads the PTX for half-precision FMAs. fp32 stays on the
+composition (the launchers fall back to it).
 
 The RMS reduction is `reduction.row_rstd`, the code rms_norm_kernel runs, with the same BLOCK and
 num_warps (`row_tiles`). Its tl.sum adds the lanes in a tree that follows the register layout the
@@ -41,6 +44,10 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 FP32_VECTOR = 4
 # The rope kernel holds a head in one tile.
 MAX_HEAD_DIM = 1024
+# Launch options of every kernel here: no contraction of a product and a sum the composition rounds apart.
+NO_FMA = {"enable_fp_fusion": False}
+# A kernel reads module globals only as constexpr instances.
+_SILU = tl.constexpr(SILU)
 
 # --- kernels ----------------------------------------------------------------------------------------
 
@@ -111,7 +118,7 @@ def silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     gate = tl.load(gate_ptr + offsets, mask=mask, other=1.0).to(tl.float32)
-    act = unary_math(gate, SILU, BLOCK, False).to(out_ptr.dtype.element_ty).to(tl.float32)
+    act = unary_math(gate, _SILU, BLOCK, False).to(out_ptr.dtype.element_ty).to(tl.float32)
     up = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offsets, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -157,7 +164,7 @@ def add_rms_norm(
         add_rms_norm_kernel[(num_rows,)](
             rows, res, _rows(weight), out, h, length, eps,
             BLOCK=block or tiles.block, HAS_RESIDUAL=residual is not None, MAX_CONTIGUOUS=load_contiguity(length),
-            num_warps=tiles.num_warps,
+            num_warps=tiles.num_warps, **NO_FMA,
         )
     return out.view(x.shape), (h.view(x.shape) if residual is not None else x)
 
@@ -175,7 +182,7 @@ def qk_norm_rope(
             rows, _rows(weight) if weight is not None else rows, _rows(cos), _rows(sin), out,
             head_dim, num_heads, eps,
             BLOCK=tiles.block, HAS_NORM=weight is not None, MAX_CONTIGUOUS=load_contiguity(head_dim),
-            num_warps=tiles.num_warps,
+            num_warps=tiles.num_warps, **NO_FMA,
         )
     return out
 
@@ -187,5 +194,5 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = g.numel()
     if n:
         grid = (triton.cdiv(n, POINTWISE_BLOCK),)
-        silu_mul_kernel[grid](g, u, out, n, BLOCK=POINTWISE_BLOCK, num_warps=POINTWISE_NUM_WARPS)
+        silu_mul_kernel[grid](g, u, out, n, BLOCK=POINTWISE_BLOCK, num_warps=POINTWISE_NUM_WARPS, **NO_FMA)
     return out

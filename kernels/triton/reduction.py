@@ -107,7 +107,10 @@ def row_rstd(
     for c0 in range(0, C, BLOCK):
         cols = c0 + lanes
         x = rms_tile(x_row, r_row, cols, C, ACC_DTYPE, HAS_RESIDUAL)
-        squares += x * x
+        # One fused multiply-add, written out: the contraction the compiler made of `squares += x * x` while
+        # Triton's FP fusion was on by default, kept whatever that default (off from Triton 3.10) and
+        # whatever a caller's launch sets (the fused kernels launch with it off).
+        squares = tl.fma(x, x, squares)
     mean = tl.sum(squares, axis=0) / C
     # Correctly rounded sqrt and divide: the CPU backend's rsqrt formula. (fp64's sqrt and
     # divide are IEEE already; sqrt_rn and div_rn take fp32 only.)

@@ -14,7 +14,9 @@ float32's bits as an int32 widened with its sign, the columns of oracle/engines/
   fails on any drift, and tests/unit/test_kernels_triton_sampling_layout.py checks that the compiler
   gives the sum the same register layout (so the same tree); tests/gpu/test_sampling_cuda.py, the bits.
 - top-2: torch.topk(row, 2).values: the largest two entries, duplicates kept ([5, 5] for two 5s), in
-  the order of torch's radix select (NaN above +inf, +0.0 above -0.0). Which NaN's payload comes back
+  the order of torch's radix select (NaN above +inf, +0.0 above -0.0), in every row whatever the number
+  of rows. torch.topk itself does not keep that order for a -0.0/+0.0 tie (a single 151,936-wide row came
+  back [-0.0, +0.0] on an H100, torch 2.11), so there the two paths may differ. Which NaN's payload comes back
   when a row holds several NaNs is not specified (nor is it by torch).
 
 Nothing depends on R: row r's outputs are a function of row r alone, bitwise.

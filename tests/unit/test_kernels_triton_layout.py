@@ -89,3 +89,89 @@ def test_fused_norms_reduce_in_the_layout_of_rms_norm_kernel(dtype: str, length:
              "num_heads": 8, "eps": 1e-6},
             {"BLOCK": block, "HAS_NORM": True, "MAX_CONTIGUOUS": fused.load_contiguity(length)})
         assert rope_layout == composed, (rope_layout, composed)
+
+
+def _ptx(fn: Any, args: dict[str, Any], constexprs: dict[str, Any], options: dict[str, Any]) -> str:
+    """fn's PTX for an H100, compiled as a launch with `args` and the launch `options` specializes it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(fn.arg_names):
+        value = args.get(name)
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(value, str):
+            signature[name] = "*" + TORCH_TO_TRITON[value]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    try:
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **options})
+    except (TypeError, RuntimeError, ImportError) as error:
+        pytest.skip(f"cannot compile for CUDA here: {error}")
+    return str(compiled.asm["ptx"])
+
+
+def _fmas(ptx: str) -> dict[str, int]:
+    """How many fused multiply-adds of each type the PTX holds."""
+    found: dict[str, int] = {}
+    for kind in re.findall(r"\bfma\.rn(?:\.ftz)?\.(\w+)", ptx):
+        found[kind] = found.get(kind, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("length", [4096, 4100, 128, 80])
+def test_fused_kernels_contract_no_product_the_composition_rounds(dtype: str, length: int) -> None:
+    """The fused kernels compile (every global a constexpr) and hold no half-precision FMA: a product rounded to
+    the half type and the sum after it stay two roundings, as in the composition's two torch kernels. With FP
+    fusion on, the compiler read rope's `round(y * cos) + round(rot * sin)` as one `fma.rn.bf16`
+    (an H100 showed the bits differ). Their only FMAs are the RMS reduction's, as many as rms_norm_kernel's."""
+    from oracle_kernels.triton import fused, reduction
+    from oracle_kernels.triton.config import POINTWISE_BLOCK, row_tiles
+
+    import triton.language as tl
+
+    block = row_tiles(length).block
+    composed = _fmas(_ptx(
+        reduction.rms_norm_kernel,
+        {"x_ptr": "float32", "w_ptr": "float32", "out_ptr": "float32", "rstd_ptr": "float32", "C": length,
+         "stride_x": length, "stride_out": length, "eps": 1e-6},
+        {"BLOCK": block, "HAS_WEIGHT": False, "ACC_DTYPE": tl.float32, "FP64": False}, {}))
+    assert set(composed) == {"f32"}, composed  # the reduction's `tl.fma`, with FP fusion at its default
+    norm = _fmas(_ptx(
+        fused.add_rms_norm_kernel,
+        {"x_ptr": dtype, "r_ptr": dtype, "w_ptr": dtype, "out_ptr": dtype, "h_ptr": dtype, "C": length, "eps": 1e-6},
+        {"BLOCK": block, "HAS_RESIDUAL": True, "MAX_CONTIGUOUS": fused.load_contiguity(length)}, fused.NO_FMA))
+    assert norm == composed, (norm, composed)
+    if length <= fused.MAX_HEAD_DIM:
+        rope_args = {"x_ptr": dtype, "w_ptr": dtype, "cos_ptr": dtype, "sin_ptr": dtype, "out_ptr": dtype,
+                     "D": length, "num_heads": 8, "eps": 1e-6}
+        for has_norm in (True, False):
+            rope = _fmas(_ptx(fused.qk_norm_rope_kernel, rope_args,
+                              {"BLOCK": block, "HAS_NORM": has_norm, "MAX_CONTIGUOUS": fused.load_contiguity(length)},
+                              fused.NO_FMA))
+            assert rope == (composed if has_norm else {}), (has_norm, rope, composed)
+    silu = _fmas(_ptx(fused.silu_mul_kernel, {"gate_ptr": dtype, "up_ptr": dtype, "out_ptr": dtype, "n": length},
+                      {"BLOCK": POINTWISE_BLOCK}, fused.NO_FMA))
+    assert silu == {}, silu
+
+
+def test_the_fused_kernels_fail_this_check_with_fp_fusion_on() -> None:
+    """The check above can fail: rope launched with FP fusion on holds a half-precision FMA."""
+    from oracle_kernels.triton import fused
+
+    rope = _fmas(_ptx(
+        fused.qk_norm_rope_kernel,
+        {"x_ptr": "bfloat16", "w_ptr": "bfloat16", "cos_ptr": "bfloat16", "sin_ptr": "bfloat16",
+         "out_ptr": "bfloat16", "D": 128, "num_heads": 8, "eps": 1e-6},
+        {"BLOCK": 128, "HAS_NORM": False, "MAX_CONTIGUOUS": 4}, {"enable_fp_fusion": True}))
+    assert rope.get("bf16", 0) >= 1, rope

@@ -185,7 +185,9 @@ def invariant_columns(
 ) -> torch.Tensor:
     """`_columns` in one read of each row (oracle_kernels.triton.sampling), bitwise the same where
     torch.log_softmax runs oracle_kernels' log-softmax (invariant mode on CUDA): the kernel takes the argmax of
-    the greedy rows and the drawn token of the others, and repeats that log-softmax's arithmetic for the token."""
+    the greedy rows and the drawn token of the others, and repeats that log-softmax's arithmetic for the token.
+    One exception, where torch is the one that varies: a -0.0/+0.0 tie in the top 2 comes back +0.0 first in
+    every row, while torch.topk orders that tie by its own algorithm for the number of rows."""
     from oracle_kernels.triton import sampling as kernel  # imports triton: CUDA only
 
     return kernel.sampled_rows(logits, draw(logits, sampling, generators))
