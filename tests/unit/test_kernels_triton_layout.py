@@ -135,10 +135,9 @@ def test_fused_kernels_contract_no_product_the_composition_rounds(dtype: str, le
     the half type and the sum after it stay two roundings, as in the composition's two torch kernels. With FP
     fusion on, the compiler read rope's `round(y * cos) + round(rot * sin)` as one `fma.rn.bf16`
     (an H100 showed the bits differ). Their only FMAs are the RMS reduction's, as many as rms_norm_kernel's."""
+    import triton.language as tl
     from oracle_kernels.triton import fused, reduction
     from oracle_kernels.triton.config import POINTWISE_BLOCK, row_tiles
-
-    import triton.language as tl
 
     block = row_tiles(length).block
     composed = _fmas(_ptx(
