@@ -111,11 +111,17 @@ def row_rstd(
         # Triton's FP fusion was on by default, kept whatever that default (off from Triton 3.10) and
         # whatever a caller's launch sets (the fused kernels launch with it off).
         squares = tl.fma(x, x, squares)
-    mean = tl.sum(squares, axis=0) / C
-    # Correctly rounded sqrt and divide: the CPU backend's rsqrt formula. (fp64's sqrt and
-    # divide are IEEE already; sqrt_rn and div_rn take fp32 only.)
+    total = tl.sum(squares, axis=0)
+    # Correctly rounded divides and sqrt: the CPU backend's rsqrt formula. (fp64's sqrt and divide are IEEE
+    # already; sqrt_rn and div_rn take fp32 only.) The mean too: fp32's `/` is an approximate reciprocal and
+    # a multiply, which ptxas fuses with the `+ eps` into one FFMA where FP fusion is on and not where it is
+    # off, so a kernel launched with it off (the fused ones) would round the mean otherwise.
     one = tl.full((), 1.0, ACC_DTYPE)
-    return one / tl.sqrt(mean + eps) if FP64 else tl.math.div_rn(one, tl.sqrt_rn(mean + eps))
+    if FP64:
+        rstd = one / tl.sqrt(total / C + eps)
+    else:
+        rstd = tl.math.div_rn(one, tl.sqrt_rn(tl.math.div_rn(total, tl.full((), C, ACC_DTYPE)) + eps))
+    return rstd
 
 
 @triton.jit

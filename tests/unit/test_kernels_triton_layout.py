@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs triton's compiler (not its interpreter)",
 )
 
-TORCH_TO_TRITON = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+TORCH_TO_TRITON = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _reduce_layout(fn: Any, args: dict[str, Any], constexprs: dict[str, Any]) -> str:
@@ -174,3 +174,80 @@ def test_the_fused_kernels_fail_this_check_with_fp_fusion_on() -> None:
          "out_ptr": "bfloat16", "D": 128, "num_heads": 8, "eps": 1e-6},
         {"BLOCK": 128, "HAS_NORM": False, "MAX_CONTIGUOUS": 4}, {"enable_fp_fusion": True}))
     assert rope.get("bf16", 0) >= 1, rope
+
+
+def _sass_arithmetic(fn: Any, args: dict[str, Any], constexprs: dict[str, Any], fusion: bool, num_warps: int) -> list[str]:
+    """The floating-point instructions (opcodes, in order) of fn's SASS for an H100, FP fusion on or off."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    try:
+        from triton.tools.disasm import get_sass
+    except ImportError as error:
+        pytest.skip(f"no SASS disassembler here: {error}")
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(fn.arg_names):
+        value = args.get(name)
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(value, str):
+            signature[name] = "*" + TORCH_TO_TRITON[value]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    try:
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": num_warps, "enable_fp_fusion": fusion})
+        sass = get_sass(compiled.asm["cubin"])
+    except (TypeError, RuntimeError, ImportError, OSError) as error:
+        pytest.skip(f"cannot compile and disassemble for CUDA here: {error}")
+    return re.findall(r"\b((?:FFMA|FMUL|FADD|DFMA|DMUL|DADD|HFMA2|HMUL2|HADD2|MUFU)\S*)\s", sass)
+
+
+@pytest.mark.parametrize("length", [5120, 4096, 3584, 200, 128, 80])
+def test_the_norms_compile_to_the_same_arithmetic_with_fp_fusion_on_and_off(length: int) -> None:
+    """No contraction is left to the compiler in the RMS norms: rms_norm_kernel (launched with FP fusion at its
+    default, on) and the fused add + RMS norm (launched with it off) compile to the same floating-point
+    instructions either way, down to the SASS, so each computes exactly the operations written, which are the
+    same in both (`reduction.row_rstd`). The mean was `sum / C`, an approximate reciprocal and a multiply that
+    ptxas fused with `+ eps` where fusion was on (an H100 showed five fused shapes off by it)."""
+    import triton.language as tl
+    from oracle_kernels.triton import fused, reduction
+    from oracle_kernels.triton.config import row_tiles
+
+    tiles = row_tiles(length)
+    for dtype, acc, fp64 in (("float32", tl.float32, False), ("float64", tl.float64, True)):
+        args = {"x_ptr": dtype, "w_ptr": dtype, "out_ptr": dtype, "rstd_ptr": "float32", "C": length,
+                "stride_x": length, "stride_out": length, "eps": 1e-6}
+        consts = {"BLOCK": tiles.block, "HAS_WEIGHT": True, "ACC_DTYPE": acc, "FP64": fp64}
+        on = _sass_arithmetic(reduction.rms_norm_kernel, args, consts, True, tiles.num_warps)
+        assert on == _sass_arithmetic(reduction.rms_norm_kernel, args, consts, False, tiles.num_warps), dtype
+    for dtype in ("bfloat16", "float16"):
+        args = {"x_ptr": dtype, "r_ptr": dtype, "w_ptr": dtype, "out_ptr": dtype, "h_ptr": dtype, "C": length,
+                "eps": 1e-6}
+        consts = {"BLOCK": tiles.block, "HAS_RESIDUAL": True, "MAX_CONTIGUOUS": fused.load_contiguity(length)}
+        on = _sass_arithmetic(fused.add_rms_norm_kernel, args, consts, True, tiles.num_warps)
+        assert on == _sass_arithmetic(fused.add_rms_norm_kernel, args, consts, False, tiles.num_warps), dtype
+
+
+def test_the_fusion_check_sees_an_approximate_mean_fused_with_eps() -> None:
+    """The check above can fail: `sum / C + eps` in fp32 compiles to other instructions with fusion on."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def approx_mean_kernel(x_ptr, out_ptr, C, eps, BLOCK: tl.constexpr):
+        lanes = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + lanes, mask=lanes < C, other=0.0)
+        tl.store(out_ptr, tl.sum(x * x, axis=0) / C + eps)
+
+    args = {"x_ptr": "float32", "out_ptr": "float32", "C": 5120, "eps": 1e-6}
+    on = _sass_arithmetic(approx_mean_kernel, args, {"BLOCK": 1024}, True, 4)
+    assert on != _sass_arithmetic(approx_mean_kernel, args, {"BLOCK": 1024}, False, 4)
