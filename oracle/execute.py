@@ -74,6 +74,8 @@ class ModeExecution:
         self.shrink: ShrinkResult | None = None
         self.shrink_trials: list[Trial] = []
         self.localized: dict[Any, Any] = {}
+        # While requests remain to run: the localizations asked for, run after the last (`_run_phases`).
+        self._deferred: list[tuple[Any, RunSpec, RunSpec, str | None]] | None = None
         self.localize_notes: list[str] = []
         self.seconds = 0.0
         self.search: SearchOutcome | None = None
@@ -183,11 +185,20 @@ class ModeExecution:
             for trial in to_repeat:
                 self.run_repeat(trial)
                 self.observer.advance(self.divergent)
-        self._localize_failures()
-        with clock("checks"):  # the checks that run targets again on this engine
-            for name, own in self.check_runs.items():
-                if not own.after_close:
-                    own.run(self.contexts[name])
+        # Every localization waits until the last request of the run has been served, in the order asked: a
+        # compiled vLLM engine localizes in an eager twin, which it would otherwise start and stop around each
+        # one. The requests themselves run in the order they always did.
+        self._deferred = []
+        try:
+            self._localize_failures()
+            with clock("checks"):  # the checks that run targets again on this engine
+                for name, own in self.check_runs.items():
+                    if not own.after_close:
+                        own.run(self.contexts[name])
+        finally:
+            deferred, self._deferred = self._deferred, None
+        for args in deferred:
+            self.localize(*args)
 
     def _references(self) -> None:
         """Every target alone: the solo run each trial is compared with."""
@@ -341,6 +352,9 @@ class ModeExecution:
     def localize(self, key: Any, expected: RunSpec, actual: RunSpec, setting: str | None = None) -> None:
         """Rerun both sides with per-op capture; a failure to localize is a note, never a lost verdict.
         `setting`: the localize option that asked (invariance's unless given)."""
+        if self._deferred is not None:  # asked while requests remain: localized after them (`_run_phases`)
+            self._deferred.append((key, expected, actual, setting))
+            return
         setting = setting or self.plan.config.checks.invariance.localize
         if self.localizer is None or setting == "off":
             return

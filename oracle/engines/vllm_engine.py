@@ -181,6 +181,10 @@ class VllmEngine:
         self.start_timeout_s = options.start_timeout_s
         self.env = self._worker_env(mode, options, config.num_threads)
         self._worker: _Worker | None = None
+        # A compiled engine localizes in an eager twin (`localize`): kept for the localizations that follow, the
+        # compiled worker parked meanwhile and started again only when a request needs it (`_live`).
+        self._twin: _Worker | None = None
+        self._closed = False
         self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         self._info = self._worker.info  # what the worker found at start; describe() works after close()
 
@@ -270,9 +274,11 @@ class VllmEngine:
         `repro_dir` written there.
 
         CUDA graphs and torch.compile hide ops from capture, so an engine built without
-        `enforce_eager` localizes in a second, eager worker started for the purpose (this one is
-        stopped meanwhile, to leave it the device) and restarted after. The result says it was eager
-        and whether the eager rerun still diverged.
+        `enforce_eager` localizes in a second, eager worker (`eager_twin`): the compiled one is stopped
+        to leave it the device, the twin is kept for the localizations that follow (a run localizes its
+        shrunk trial and its first failing one back to back), and the compiled worker starts again only
+        when a request needs it, the twin stopped first. The result says it was eager and whether the
+        eager rerun still diverged.
         """
         from oracle.capture.rules import LocalizedOp
 
@@ -292,16 +298,29 @@ class VllmEngine:
         if self.spec.enforce_eager:
             found = self._live().call(msg, self.timeout_s)
             return LocalizedOp.from_json(found) if found is not None else None
-        self.close()
+        twin = self._eager_twin()
         try:
-            eager = _Worker.start(eager_twin(self.spec), self.env, self.start_timeout_s)
-            try:
-                found = eager.call(msg, self.timeout_s)
-            finally:
-                eager.stop()
-        finally:
-            self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
+            found = twin.call(msg, self.timeout_s)
+        except BaseException:
+            self._stop_twin()  # a twin that failed a call is not trusted with the next
+            raise
         return LocalizedOp.from_json(found) if found is not None else None
+
+    def _eager_twin(self) -> _Worker:
+        """The eager twin, started now (the compiled worker stopped first) unless it is running."""
+        if self._closed:
+            raise EngineError("vllm engine is closed")
+        if self._twin is None:
+            worker, self._worker = self._worker, None
+            if worker is not None:
+                worker.stop()
+            self._twin = _Worker.start(eager_twin(self.spec), self.env, self.start_timeout_s)
+        return self._twin
+
+    def _stop_twin(self) -> None:
+        twin, self._twin = self._twin, None
+        if twin is not None:
+            twin.stop()
 
     def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
         """`run` captured in every rank, in the worker (`CapturesRanks`, oracle.engines.contract)."""
@@ -318,13 +337,19 @@ class VllmEngine:
             raise EngineError("vllm worker: reset_prefix_cache refused (requests still running)")
 
     def close(self) -> None:
+        self._closed = True
+        self._stop_twin()
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop()
 
     def _live(self) -> _Worker:
-        if self._worker is None:
+        """The engine's own worker; started again (the eager twin stopped first) if a localization parked it."""
+        if self._closed:
             raise EngineError("vllm engine is closed")
+        if self._worker is None:
+            self._stop_twin()
+            self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         return self._worker
 
 

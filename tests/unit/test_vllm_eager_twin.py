@@ -1,0 +1,117 @@
+"""A compiled vLLM engine localizes in an eager twin: one twin for the localizations that follow each other,
+the compiled worker started again only when a request needs it, never two of the engine's workers alive at
+once (they would share the device), and nothing left running after close. The workers here are stand-ins
+that record what was started and stopped; the real worker's localization runs in the vLLM tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oracle.config import EngineConfig
+from oracle.engines import vllm_engine
+from oracle.engines.contract import RunSpec
+from oracle.errors import EngineError
+
+
+class Workers:
+    """Every stand-in worker started, in order, and a check that no two run at once."""
+
+    def __init__(self) -> None:
+        self.started: list[Worker] = []
+        self.fail_next_localize = False
+        self.own: vllm_engine.WorkerSpec | None = None  # the engine's own spec (its first worker's)
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.started if not w.stopped]
+
+    def kinds(self) -> list[str]:
+        return [w.kind for w in self.started]
+
+
+class Worker:
+    def __init__(self, workers: Workers, spec: vllm_engine.WorkerSpec) -> None:
+        assert not workers.alive(), "a worker started while another of the engine's was running"
+        self.workers, self.spec = workers, spec
+        self.kind = "eager" if spec.enforce_eager else "compiled"
+        self.info: dict[str, Any] = {}
+        self.stopped = False
+        if workers.own is None:
+            workers.own = spec
+        workers.started.append(self)
+
+    def call(self, msg: tuple[Any, ...], timeout_s: float) -> Any:
+        assert not self.stopped
+        if msg[0] == "localize":
+            assert self.kind == "eager", "localized in a compiled worker"
+            if self.workers.fail_next_localize:
+                self.workers.fail_next_localize = False
+                raise EngineError("vllm worker died during localize")
+            return None
+        own = self.spec == self.workers.own  # the engine's own worker (eager for an eager engine), not a twin
+        assert own, f"{msg[0]} sent to the eager twin"
+        return [] if msg[0] == "generate" else True
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def workers(monkeypatch: pytest.MonkeyPatch) -> Workers:
+    record = Workers()
+    monkeypatch.setattr(vllm_engine._Worker, "start",
+                        classmethod(lambda cls, spec, env, timeout_s: Worker(record, spec)))
+    return record
+
+
+def _engine(tmp_path: Path, enforce_eager: bool) -> vllm_engine.VllmEngine:
+    (tmp_path / "config.json").write_text("{}")
+    config = EngineConfig.of("vllm", enforce_eager=enforce_eager, audit=False)
+    return vllm_engine.VllmEngine(tmp_path, "invariant", config)
+
+
+SPEC = RunSpec((), 0)
+
+
+def test_consecutive_localizations_share_one_twin_and_the_compiled_worker_waits_for_a_request(
+        tmp_path: Path, workers: Workers) -> None:
+    engine = _engine(tmp_path, enforce_eager=False)
+    assert engine.localize(SPEC, SPEC) is None
+    assert engine.localize(SPEC, SPEC) is None
+    assert workers.kinds() == ["compiled", "eager"]  # one twin, the compiled worker not restarted in between
+    assert engine.generate([]) == []
+    assert workers.kinds() == ["compiled", "eager", "compiled"] and [w.kind for w in workers.alive()] == ["compiled"]
+    engine.reset_prefix_cache()
+    engine.localize(SPEC, SPEC)
+    assert workers.kinds() == ["compiled", "eager", "compiled", "eager"]
+    engine.close()
+    assert workers.alive() == []
+    with pytest.raises(EngineError, match="closed"):
+        engine.generate([])
+    with pytest.raises(EngineError, match="closed"):
+        engine.localize(SPEC, SPEC)
+    assert len(workers.started) == 4  # nothing started after close
+
+
+def test_a_twin_that_failed_is_not_used_again(tmp_path: Path, workers: Workers) -> None:
+    engine = _engine(tmp_path, enforce_eager=False)
+    workers.fail_next_localize = True
+    with pytest.raises(EngineError, match="localize"):
+        engine.localize(SPEC, SPEC)
+    assert workers.alive() == []  # the failed twin stopped; the compiled worker waits for a request
+    engine.localize(SPEC, SPEC)
+    assert workers.kinds() == ["compiled", "eager", "eager"]
+    engine.generate([])
+    engine.close()
+    assert workers.alive() == []
+
+
+def test_an_eager_engine_localizes_in_its_own_worker(tmp_path: Path, workers: Workers) -> None:
+    engine = _engine(tmp_path, enforce_eager=True)
+    engine.localize(SPEC, SPEC)
+    engine.generate([])
+    assert workers.kinds() == ["eager"]
+    engine.close()
+    assert workers.alive() == []
