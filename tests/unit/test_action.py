@@ -180,7 +180,8 @@ def test_action_yml_is_a_well_formed_composite_action() -> None:
     assert action["inputs"]["torch"]["default"] == "cpu"  # the runners CI jobs get by default have no GPU
     assert set(action["outputs"]) == {"exit-code", "verdict", "report-dir"}
     uses = [s["uses"].split("@")[0] for s in action["runs"]["steps"] if "uses" in s]
-    assert uses == ["actions/setup-python", "actions/cache/restore", "actions/cache/save", "actions/upload-artifact"]
+    assert uses == ["actions/setup-python", "actions/cache/restore", "actions/cache/restore", "actions/cache/save",
+                    "actions/cache/save", "actions/upload-artifact"]
     install = step_named("Install oracle")["run"]
     assert '"$GITHUB_ACTION_PATH/../../.."' in install and "$ORACLE_PIP_ARGS" in install
     # Everything after the run reports even when it failed; only the last step fails the job.
@@ -532,6 +533,63 @@ def test_run_step_passes_the_example_database(fake_model: Path, tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert report["example_db"]["path"] == str(db) and report["example_db"]["saved"] > 0 and db.is_dir()
+
+
+# -- the engine cache ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "expected"), [("", "{temp}/oracle-engine-cache"), ("off", ""), ("my/c", "my/c")])
+def test_locate_step_picks_the_engine_cache_folder_and_keys_it_on_the_config(tmp_path: Path, given: str,
+                                                                             expected: str) -> None:
+    config = tmp_path / "c.yaml"
+    keys = []
+    for text in ("model: a\n", "model: b\n", "model: a\n"):
+        config.write_text(text)
+        (tmp_path / "github_output").unlink(missing_ok=True)
+        result = run_step("Locate the engine cache", tmp_path, {"config": str(config), "engine-cache": given},
+                          extra_env={"RUNNER_TEMP": str(tmp_path / "temp")})
+        assert result.returncode == 0, result.stderr
+        out = outputs_of(tmp_path)
+        assert out["path"] == expected.format(temp=tmp_path / "temp")
+        keys.append(out["key"])
+    assert keys[0] != keys[1] and keys[0] == keys[2]  # another config, another cache; the same one, the same
+
+
+def test_the_engine_cache_is_restored_before_the_run_and_saved_after_it_even_when_it_failed() -> None:
+    names = [s.get("name") for s in load_action()["runs"]["steps"]]
+    restore, save = step_named("Restore the engine cache"), step_named("Save the engine cache")
+    assert names.index("Locate the engine cache") < names.index("Restore the engine cache") \
+        < names.index("Run oracle") < names.index("Save the engine cache")
+    assert save["if"].startswith("always()") and "steps.engine-cache.outputs.path != ''" in save["if"]
+    assert restore["with"]["path"] == save["with"]["path"] == "${{ steps.engine-cache.outputs.path }}"
+    assert restore["with"]["key"] == save["with"]["key"] and "github.run_id" in save["with"]["key"]
+    assert save["with"]["key"].startswith(restore["with"]["restore-keys"])
+    assert "steps.engine-cache.outputs.key" in restore["with"]["restore-keys"]
+
+
+@pytest.mark.parametrize("cache", ["", "on"])
+def test_run_step_points_the_engines_caches_into_the_folder(tmp_path: Path, cache: str) -> None:
+    """The run step exports each tool's cache variable into the folder (a value the job set stays); with no
+    folder it exports none. `oracle` here is a stand-in that prints the variables it was given."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    names = ("ORACLE_CACHE_DIR", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    (shim / "oracle").write_text("#!/bin/sh\n" + "".join(f'echo "{n}=${{{n}:-unset}}"\n' for n in names))
+    (shim / "oracle").chmod(0o755)
+    folder = str(tmp_path / "cache") if cache else ""
+    env = {"PATH": f"{shim}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}", "TRITON_CACHE_DIR": "/job/triton"}
+    for name in names[:2] + names[3:]:
+        env[name] = ""
+    result = run_step("Run oracle", tmp_path, {"config": "c.yaml"}, {"steps.engine-cache.outputs.path": folder},
+                      extra_env=env)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    if cache:
+        assert seen == {"ORACLE_CACHE_DIR": f"{folder}/models", "VLLM_CACHE_ROOT": f"{folder}/vllm",
+                        "TRITON_CACHE_DIR": "/job/triton", "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor"}
+    else:
+        assert seen == {"ORACLE_CACHE_DIR": "unset", "VLLM_CACHE_ROOT": "unset", "TRITON_CACHE_DIR": "/job/triton",
+                        "TORCHINDUCTOR_CACHE_DIR": "unset"}
 
 
 # -- shards ----------------------------------------------------------------------------------
