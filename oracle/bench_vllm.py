@@ -93,7 +93,8 @@ def _time_row(name: str, workload: dict[str, Any], warmup: int, rounds: int) -> 
     w = Workload(**{**workload, "prompt_len": tuple(workload["prompt_len"]),
                     "output_len": tuple(workload["output_len"])})
     requests = workload_requests(w, get_preset(w.preset).vocab_size)
-    args: dict[str, Any] = oracle_kernels_args({}, enforce_eager=False) if row.oracle_kernels else {}
+    args: dict[str, Any] = (oracle_kernels_args({}, enforce_eager=False, max_num_seqs=w.max_num_seqs)
+                            if row.oracle_kernels else {})
     prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
     params = [SamplingParams(max_tokens=r.sampling.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
               for r in requests]

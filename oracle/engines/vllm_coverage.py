@@ -125,10 +125,16 @@ def coverage(invariance: str, posture: Mapping[str, Any], ranks: Sequence[Mappin
     }
 
 
-def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool) -> dict[str, Any]:
+# vLLM's largest CUDA graph by default: min(2 * max_num_seqs, this).
+VLLM_MAX_CAPTURE = 512
+
+
+def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool,
+                        max_num_seqs: int | None = None) -> dict[str, Any]:
     """`engine_args` with the settings `invariance: oracle_kernels` needs of vLLM on CUDA, where the user left them
     unset: TRITON_ATTN, vLLM's custom ops off and RMS norm in torch code, and (unless eager) full CUDA graphs of
-    decode steps without torch.compile."""
+    decode steps without torch.compile, up to `max_num_seqs` sequences: a decode step above vLLM's largest graph
+    (512 sequences by default) would run eagerly, where no compiled code stands in for the graph."""
     out = dict(engine_args)
     out.setdefault("attention_backend", _PINNED_ATTENTION)
     compilation = dict(out.get("compilation_config") or {})
@@ -136,6 +142,9 @@ def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool) -> 
     if not enforce_eager:
         compilation.setdefault("mode", 0)  # CompilationMode.NONE: eager code, no Inductor
         compilation.setdefault("cudagraph_mode", "FULL_DECODE_ONLY")
+        sizes_given = "cudagraph_capture_sizes" in compilation or "max_cudagraph_capture_size" in compilation
+        if max_num_seqs is not None and max_num_seqs > VLLM_MAX_CAPTURE and not sizes_given:
+            compilation["max_cudagraph_capture_size"] = max_num_seqs
     out["compilation_config"] = compilation
     kernel = dict(out.get("kernel_config") or {})
     kernel.setdefault("ir_op_priority", {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]})

@@ -365,7 +365,7 @@ def _mode_args(spec: WorkerSpec) -> dict[str, Any]:
 
     if not current_platform.is_cuda():
         return dict(spec.engine_args)
-    return oracle_kernels_args(spec.engine_args, spec.enforce_eager)
+    return oracle_kernels_args(spec.engine_args, spec.enforce_eager, spec.max_num_seqs)
 
 
 def _reply(e: BaseException) -> tuple[str, str]:

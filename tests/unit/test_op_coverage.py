@@ -127,3 +127,19 @@ def test_a_coverage_entry_that_does_not_read_is_uncovered() -> None:
     record = PostureRecord(modes={}, digest="0" * 16, coverage={"invariant": read})
     assert list(uncovered(record)) == ["attention"]
     assert PostureRecord.model_validate(record.model_dump()).coverage == record.coverage
+
+
+def test_oracle_kernels_ask_vllm_for_decode_graphs_up_to_max_num_seqs() -> None:
+    """Above vLLM's default largest graph (512 sequences) a decode step would run eagerly, with no compiled code
+    in its place; the mode asks for graphs up to max_num_seqs there, and leaves a user's sizes and eager alone."""
+    from oracle.engines.vllm_coverage import oracle_kernels_args
+
+    def capture(args: dict[str, Any], eager: bool = False, seqs: int | None = 1024) -> Any:
+        return oracle_kernels_args(args, eager, seqs)["compilation_config"].get("max_cudagraph_capture_size")
+
+    assert capture({}) == 1024
+    assert capture({}, seqs=512) is None and capture({}, seqs=None) is None  # vLLM's default covers it
+    assert capture({}, eager=True) is None
+    assert capture({"compilation_config": {"max_cudagraph_capture_size": 64}}) == 64
+    given = oracle_kernels_args({"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}, False, 1024)
+    assert "max_cudagraph_capture_size" not in given["compilation_config"]
