@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(
 TORCH_TO_TRITON = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _reduce_layout(fn: Any, args: dict[str, Any], constexprs: dict[str, Any]) -> str:
-    """The layout of the one tt.reduce operand in fn's TTGIR, compiled as a launch with `args` specializes it."""
+def _compile(fn: Any, args: dict[str, Any], constexprs: dict[str, Any], options: dict[str, Any] | None = None) -> Any:
+    """fn compiled for an H100 as a launch with `args` (pointers by element type, ints, floats) and the launch
+    `options` specializes it; skipped where Triton cannot compile for CUDA."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -51,9 +52,14 @@ def _reduce_layout(fn: Any, args: dict[str, Any], constexprs: dict[str, Any]) ->
             signature[name] = "fp32"
     try:
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **(options or {})})
     except (TypeError, RuntimeError, ImportError) as error:  # another Triton API, or no CUDA backend
         pytest.skip(f"cannot compile for CUDA here: {error}")
+
+
+def _reduce_layout(fn: Any, args: dict[str, Any], constexprs: dict[str, Any]) -> str:
+    """The layout of the one tt.reduce operand in fn's TTGIR, compiled as a launch with `args` specializes it."""
+    compiled = _compile(fn, args, constexprs)
     ttgir = compiled.asm["ttgir"]
     operand = re.search(r'"tt\.reduce"\(%[\w.]+\).*?\}\) : \(tensor<\d+xf32, (#\w+)>', ttgir, re.S)
     assert operand is not None, ttgir
@@ -93,31 +99,7 @@ def test_fused_norms_reduce_in_the_layout_of_rms_norm_kernel(dtype: str, length:
 
 def _ptx(fn: Any, args: dict[str, Any], constexprs: dict[str, Any], options: dict[str, Any]) -> str:
     """fn's PTX for an H100, compiled as a launch with `args` and the launch `options` specializes it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, name in enumerate(fn.arg_names):
-        value = args.get(name)
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif isinstance(value, str):
-            signature[name] = "*" + TORCH_TO_TRITON[value]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, int):
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32"
-    try:
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **options})
-    except (TypeError, RuntimeError, ImportError) as error:
-        pytest.skip(f"cannot compile for CUDA here: {error}")
-    return str(compiled.asm["ptx"])
+    return str(_compile(fn, args, constexprs, options).asm["ptx"])
 
 
 def _fmas(ptx: str) -> dict[str, int]:
@@ -178,36 +160,15 @@ def test_the_fused_kernels_fail_this_check_with_fp_fusion_on() -> None:
 
 def _sass_arithmetic(fn: Any, args: dict[str, Any], constexprs: dict[str, Any], fusion: bool, num_warps: int) -> list[str]:
     """The floating-point instructions (opcodes, in order) of fn's SASS for an H100, FP fusion on or off."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     try:
         from triton.tools.disasm import get_sass
     except ImportError as error:
         pytest.skip(f"no SASS disassembler here: {error}")
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, name in enumerate(fn.arg_names):
-        value = args.get(name)
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif isinstance(value, str):
-            signature[name] = "*" + TORCH_TO_TRITON[value]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, int):
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32"
+    compiled = _compile(fn, args, constexprs, {"num_warps": num_warps, "enable_fp_fusion": fusion})
     try:
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": num_warps, "enable_fp_fusion": fusion})
         sass = get_sass(compiled.asm["cubin"])
-    except (TypeError, RuntimeError, ImportError, OSError) as error:
-        pytest.skip(f"cannot compile and disassemble for CUDA here: {error}")
+    except (RuntimeError, OSError) as error:
+        pytest.skip(f"cannot disassemble here: {error}")
     return re.findall(r"\b((?:FFMA|FMUL|FADD|DFMA|DMUL|DADD|HFMA2|HMUL2|HADD2|MUFU)\S*)\s", sass)
 
 
