@@ -21,6 +21,7 @@ pytest.importorskip("vllm")
 
 from oracle.compare import first_divergence  # noqa: E402
 from oracle.config import EngineConfig, parse_config  # noqa: E402
+from oracle.engine_options import VllmOptions  # noqa: E402
 from oracle.engines.contract import Request, SamplingParams  # noqa: E402
 from oracle.engines.native import NativeEngine  # noqa: E402
 from oracle.engines.vllm_engine import VllmEngine  # noqa: E402
@@ -97,9 +98,13 @@ def test_an_engine_arg_vllm_does_not_have_is_a_config_error(small_qwen3: Path) -
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_dead_or_hung_worker_is_an_engine_error(small_qwen3: Path, how: str) -> None:
-    engine = VllmEngine(small_qwen3, "production",
-                        EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64,
-                                        num_threads=1, audit=False, timeout_s=5))
+    # The worker's own deadline is the option `timeout_s` (EngineConfig.of would take `timeout_s=` for the
+    # engine-level watchdog, leaving the worker its 600 s default).
+    config = EngineConfig.model_validate({
+        "kind": "vllm", "dtype": "float32", "max_num_seqs": 64, "max_num_batched_tokens": 64, "num_threads": 1,
+        "options": {"audit": False, "timeout_s": 5}})
+    assert config.options_as(VllmOptions).timeout_s == 5
+    engine = VllmEngine(small_qwen3, "production", config)
     worker = engine._live()
     try:
         # The worker runs under its tether (oracle.lifecycle.tether): signal the worker itself, the tether's child.
