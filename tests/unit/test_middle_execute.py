@@ -245,3 +245,33 @@ def test_a_check_that_starts_its_own_engine_starts_it_once_the_modes_engine_has_
     assert len(build.engines) == 2 and build.open_when_built == [0, 0] and build.closed == build.engines
     second = result.checks["cross_instance"]
     assert set(second.solo) == {0, 1, 2} and len(second.trials) == 2
+
+
+class RecordingLocalizer:
+    """Localizes nothing; records each call with how many requests the engine had served by then."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, int]] = []
+
+    def can_localize(self, engine: Engine) -> bool:
+        return True
+
+    def localize(self, engine: Engine, expected: Any, actual: Any) -> None:
+        assert isinstance(engine, FakeEngine)
+        self.calls.append((actual, engine.calls))
+
+
+def test_every_localization_comes_after_the_last_request(fake_model: Path) -> None:
+    """Localizations of the failing trials and of the checks wait until the run's last request, so an engine that
+    localizes elsewhere (a compiled vLLM engine's eager twin) is not switched back and forth; the requests run
+    in their usual order, and the shrunk trial is still localized first."""
+    plan = _plan(fake_model, trials=10, repeat=2, prefill_decode="warn", prefix_cache="warn")
+    build, localizer = Builds(fake_model, diverge_from_batch=2), RecordingLocalizer()
+    execution = ModeExecution(plan, "invariant", Observer(), build, localizer, check_runs=check_runs(plan.config))
+    execution.run()
+    result = execution.result()
+    engine = build.engines[0]
+    assert result.shrink is not None and len(localizer.calls) >= 2
+    assert all(served == engine.calls for _, served in localizer.calls)  # no request after any of them
+    assert set(result.localized) >= {result.shrink.smallest.trial_id}
+    assert next(iter(result.localized)) == result.shrink.smallest.trial_id
