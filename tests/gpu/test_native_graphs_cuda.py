@@ -6,8 +6,9 @@ recording to mempool_id` after other GPU tests and passed alone: a capture that 
 recording, and every later capture into that engine's pool failed. These tests make the earlier
 failure on purpose, and run the order that broke (an engine in one dtype captures and goes away,
 then one in float32 captures), each compared bitwise with eager decode steps.
-Run with `pytest -m gpu tests/gpu/test_native_graphs_cuda.py`. Not yet run on a GPU: the whole GPU suite
-passed on an H100 before this fix (168 passed, in the default order); these tests and the fix wait for a GPU.
+Run with `pytest -m gpu tests/gpu/test_native_graphs_cuda.py`. Passed on an H100 in the whole GPU suite in
+reverse order (170 passed) and shuffled (`--shuffle 11`: all of these passed; the only failures were five fused
+norm shapes since fixed).
 """
 
 from __future__ import annotations
