@@ -195,8 +195,18 @@ class ModeExecution:
                 for name, own in self.check_runs.items():
                     if not own.after_close:
                         own.run(self.contexts[name])
-        finally:
-            deferred, self._deferred = self._deferred, None
+        except Exception:
+            # A check failed (its engine error stops the run): what was asked is still localized, as it was
+            # before the checks ran, where the engine can (each failure a note; an abandoned engine is refused).
+            self._localize_deferred()
+            raise
+        except BaseException:  # interrupted or stopped: nothing more runs
+            self._deferred = None
+            raise
+        self._localize_deferred()
+
+    def _localize_deferred(self) -> None:
+        deferred, self._deferred = self._deferred or [], None
         for args in deferred:
             self.localize(*args)
 

@@ -125,8 +125,9 @@ def coverage(invariance: str, posture: Mapping[str, Any], ranks: Sequence[Mappin
     }
 
 
-# vLLM's largest CUDA graph by default: min(2 * max_num_seqs, this).
+# vLLM's largest CUDA graph by default: min(2 * max_num_seqs, this); above 256 its sizes go in this step.
 VLLM_MAX_CAPTURE = 512
+VLLM_CAPTURE_STEP = 16
 
 
 def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool,
@@ -143,8 +144,11 @@ def oracle_kernels_args(engine_args: Mapping[str, Any], enforce_eager: bool,
         compilation.setdefault("mode", 0)  # CompilationMode.NONE: eager code, no Inductor
         compilation.setdefault("cudagraph_mode", "FULL_DECODE_ONLY")
         sizes_given = "cudagraph_capture_sizes" in compilation or "max_cudagraph_capture_size" in compilation
-        if max_num_seqs is not None and max_num_seqs > VLLM_MAX_CAPTURE and not sizes_given:
-            compilation["max_cudagraph_capture_size"] = max_num_seqs
+        seqs = out.get("max_num_seqs", max_num_seqs)  # engine_args win over the config's, as in the worker
+        if isinstance(seqs, int) and seqs > VLLM_MAX_CAPTURE and not sizes_given:
+            # vLLM's sizes above 256 go in steps of 16 and it truncates a maximum off that grid to the size
+            # below it: rounded up, so the largest graph holds max_num_seqs.
+            compilation["max_cudagraph_capture_size"] = -(-seqs // VLLM_CAPTURE_STEP) * VLLM_CAPTURE_STEP
     out["compilation_config"] = compilation
     kernel = dict(out.get("kernel_config") or {})
     kernel.setdefault("ir_op_priority", {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]})

@@ -301,8 +301,12 @@ class VllmEngine:
         twin = self._eager_twin()
         try:
             found = twin.call(msg, self.timeout_s)
+        except EngineError:
+            if twin.proc.poll() is not None:  # died, or killed as stuck: the next localization starts another
+                self._stop_twin()
+            raise  # else the twin answered with an error and stays for the next
         except BaseException:
-            self._stop_twin()  # a twin that failed a call is not trusted with the next
+            self._stop_twin()  # interrupted mid-call: its reply may still be on the way
             raise
         return LocalizedOp.from_json(found) if found is not None else None
 

@@ -248,6 +248,9 @@ class GuardedEngine:
     def guarded(self, fn: Callable[[Engine], T], what: str, calls: int = 1) -> T:
         """`fn(inner engine)` on the watchdog's thread, allowed `calls` times the per-call limit: for work
         that must drive the engine itself in one thread (per-op capture installs thread-local modes)."""
+        if self._worker.abandoned:  # the abandoned call may still be driving the engine: never beside it
+            raise EngineError(f"engine {what} not started: an earlier call on the {self.mode} engine was abandoned "
+                              "and may still be running")
         timeout = None if self.timeout_s is None else self.timeout_s * calls
         limit = "engine.timeout_s" if calls == 1 else f"{calls} x engine.timeout_s"
         return call(lambda: fn(self.engine), timeout, what, self._worker, self._during(what), limit)

@@ -216,6 +216,18 @@ def test_a_hanging_capability_call_times_out_into_an_engine_error(hang: str, cal
     assert expected in str(info.value)
 
 
+def test_no_capture_or_localize_starts_beside_an_abandoned_call() -> None:
+    """Once a call timed out its thread may still drive the engine: a later localize or capture is refused at
+    once (a note in a run), never run beside it."""
+    guarded = GuardedEngine(Capable(hang="localize"), 0.1)
+    spec = RunSpec(tuple(_requests(1)), 0)
+    with pytest.raises(EngineError, match="did not return"):
+        guarded.localize(spec, spec)
+    for again in (lambda: guarded.localize(spec, spec), lambda: guarded.capture(spec, object())):
+        with pytest.raises(EngineError, match="not started: an earlier call on the production engine was abandoned"):
+            again()
+
+
 def test_a_capability_that_raises_is_an_engine_error_naming_it() -> None:
     class Raising(Capable):
         def reset_prefix_cache(self) -> None:

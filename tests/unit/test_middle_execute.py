@@ -275,3 +275,22 @@ def test_every_localization_comes_after_the_last_request(fake_model: Path) -> No
     assert all(served == engine.calls for _, served in localizer.calls)  # no request after any of them
     assert set(result.localized) >= {result.shrink.smallest.trial_id}
     assert next(iter(result.localized)) == result.shrink.smallest.trial_id
+
+
+def test_a_check_that_fails_still_leaves_the_failures_localized(fake_model: Path) -> None:
+    """A check's engine error stops the run, but what was asked before it is localized first, as it was when
+    localizations ran before the checks."""
+    from oracle.checks.base import CheckRun
+
+    def boom(context: Any) -> None:
+        raise EngineError("the check's engine died")
+
+    plan = _plan(fake_model, trials=10, repeat=2)
+    build, localizer = Builds(fake_model, diverge_from_batch=2), RecordingLocalizer()
+    runs = {"boom": CheckRun(dict, boom, lambda context: True)}
+    execution = ModeExecution(plan, "invariant", Observer(), build, localizer, check_runs=runs)
+    with pytest.raises(EngineError, match="died"):
+        execution.run()
+    result = execution.result()
+    assert result.shrink is not None and result.shrink.smallest.trial_id in result.localized
+    assert localizer.calls

@@ -138,6 +138,8 @@ def test_oracle_kernels_ask_vllm_for_decode_graphs_up_to_max_num_seqs() -> None:
         return oracle_kernels_args(args, eager, seqs)["compilation_config"].get("max_cudagraph_capture_size")
 
     assert capture({}) == 1024
+    assert capture({}, seqs=1000) == 1008 and capture({}, seqs=520) == 528  # on vLLM's grid of 16 above 256
+    assert capture({"max_num_seqs": 600}, seqs=64) == 608  # engine_args' max_num_seqs wins, as in the worker
     assert capture({}, seqs=512) is None and capture({}, seqs=None) is None  # vLLM's default covers it
     assert capture({}, eager=True) is None
     assert capture({"compilation_config": {"max_cudagraph_capture_size": 64}}) == 64

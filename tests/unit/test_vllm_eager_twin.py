@@ -22,6 +22,7 @@ class Workers:
     def __init__(self) -> None:
         self.started: list[Worker] = []
         self.fail_next_localize = False
+        self.error_next_localize = False  # an error reply from a live worker
         self.own: vllm_engine.WorkerSpec | None = None  # the engine's own spec (its first worker's)
 
     def alive(self) -> list[Worker]:
@@ -31,6 +32,16 @@ class Workers:
         return [w.kind for w in self.started]
 
 
+class Proc:
+    """The worker's process as the engine reads it: alive until the stand-in says it died."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
 class Worker:
     def __init__(self, workers: Workers, spec: vllm_engine.WorkerSpec) -> None:
         assert not workers.alive(), "a worker started while another of the engine's was running"
@@ -38,6 +49,7 @@ class Worker:
         self.kind = "eager" if spec.enforce_eager else "compiled"
         self.info: dict[str, Any] = {}
         self.stopped = False
+        self.proc = Proc()
         if workers.own is None:
             workers.own = spec
         workers.started.append(self)
@@ -48,7 +60,11 @@ class Worker:
             assert self.kind == "eager", "localized in a compiled worker"
             if self.workers.fail_next_localize:
                 self.workers.fail_next_localize = False
+                self.proc.returncode = -9
                 raise EngineError("vllm worker died during localize")
+            if self.workers.error_next_localize:
+                self.workers.error_next_localize = False
+                raise EngineError("vllm worker: localize failed: ValueError")
             return None
         own = self.spec == self.workers.own  # the engine's own worker (eager for an eager engine), not a twin
         assert own, f"{msg[0]} sent to the eager twin"
@@ -104,6 +120,17 @@ def test_a_twin_that_failed_is_not_used_again(tmp_path: Path, workers: Workers) 
     engine.localize(SPEC, SPEC)
     assert workers.kinds() == ["compiled", "eager", "eager"]
     engine.generate([])
+    engine.close()
+    assert workers.alive() == []
+
+
+def test_a_twin_that_answered_with_an_error_stays(tmp_path: Path, workers: Workers) -> None:
+    engine = _engine(tmp_path, enforce_eager=False)
+    workers.error_next_localize = True
+    with pytest.raises(EngineError, match="localize failed"):
+        engine.localize(SPEC, SPEC)
+    engine.localize(SPEC, SPEC)
+    assert workers.kinds() == ["compiled", "eager"]  # the same twin served the next one
     engine.close()
     assert workers.alive() == []
 
