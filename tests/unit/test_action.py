@@ -565,7 +565,7 @@ def test_the_engine_cache_is_restored_before_the_run_and_saved_after_it_even_whe
     # Saved after the report is uploaded, not when cancelled, and only from a run that reached a verdict (exit 0
     # or 1): a killed run or an engine error may leave half-written compile artefacts.
     condition = " ".join(save["if"].split())
-    assert condition.startswith("!cancelled()") and "steps.engine-cache.outputs.path != ''" in condition
+    assert condition.startswith("${{ !cancelled()") and condition.endswith("}}")  # `!` first: wrapped, for YAML and "steps.engine-cache.outputs.path != ''" in condition
     assert "steps.run.outputs.exit-code == '0'" in condition and "steps.run.outputs.exit-code == '1'" in condition
     assert restore["with"]["path"] == save["with"]["path"] == "${{ steps.engine-cache.outputs.path }}"
     assert restore["with"]["key"] == save["with"]["key"] and "github.run_id" in save["with"]["key"]
