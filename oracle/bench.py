@@ -243,7 +243,7 @@ def prepared_workload(command: str, name: str, num_seqs: int | None, preset: str
 
 def bench_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, rounds: int = 3, device: str | None = None,
-    preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = False,
+    preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = True,
 ) -> int:
     """Time the native engine on a named workload in both modes; `preset`/`num_seqs` shrink it (smoke runs)."""
     import torch

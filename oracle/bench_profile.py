@@ -176,7 +176,7 @@ def _print(rows: dict[str, Any]) -> None:
 
 def profile_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, device: str | None = None, preset: str | None = None,
-    num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = False, modes: tuple[str, ...] = ("invariant", "production"),
+    num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = True, modes: tuple[str, ...] = ("invariant", "production"),
     op_table_round: bool = True,
 ) -> int:
     """Profile the native engine on a named workload (`oracle.bench.WORKLOADS`), per mode."""
@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--sequences", type=int, default=None)
     prof.add_argument("--mode", choices=["invariant", "production", "both"], default="both")
     prof.add_argument("--no-cuda-graphs", action="store_true")
-    prof.add_argument("--fused-kernels", action="store_true")
+    prof.add_argument("--fused-kernels", dest="fused_kernels", action="store_true", default=True)
+    prof.add_argument("--no-fused-kernels", dest="fused_kernels", action="store_false")
     prof.add_argument("--no-op-table", action="store_true", help="skip the torch.profiler round")
     prof.add_argument("--json", type=Path, default=None)
     args = prof.parse_args(argv)

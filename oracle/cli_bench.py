@@ -24,8 +24,10 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
     b.add_argument("--preset", default=None, help="--workload: another model preset (smaller smoke runs)")
     b.add_argument("--sequences", type=int, default=None, help="--workload: fewer sequences (smoke runs)")
     b.add_argument("--no-cuda-graphs", action="store_true", help="--workload: decode steps run eagerly")
-    b.add_argument("--fused-kernels", action="store_true",
-                   help="--workload: the native engine's option fused_kernels on (invariant mode's fused chains)")
+    b.add_argument("--no-fused-kernels", dest="fused_kernels", action="store_false",
+                   help="--workload: the native engine's option fused_kernels off (invariant mode's composed ops)")
+    b.add_argument("--fused-kernels", dest="fused_kernels", action="store_true",
+                   help="--workload: fused_kernels on (the default; kept for earlier command lines)")
     b.add_argument("--profile", action="store_true", help="--workload: where the native engine's time goes "
                    "(host phases, forward by kind, decode graph coverage, host syncs, kernels by op class) instead "
                    "of timed rounds")

@@ -32,9 +32,9 @@ class NativeOptions(_Strict):
     cuda_graphs: bool | None = Field(
         None, description="decode steps replay CUDA graphs (CUDA devices only); null: on where engine.device is CUDA")
     fused_kernels: bool = Field(
-        False, description="invariant mode on CUDA in bf16/fp16 runs the decoder's norm, rotary, activation and "
-                           "sampling chains as one Triton kernel each, bitwise the composed ops (opt-in: not yet "
-                           "run on a GPU, tests/gpu/test_fused_cuda.py and test_sampling_cuda.py say so)")
+        True, description="invariant mode on CUDA in bf16/fp16 runs the decoder's norm, rotary, activation and "
+                          "sampling chains as one Triton kernel each, bitwise the composed ops "
+                          "(tests/gpu/test_fused_cuda.py and test_sampling_cuda.py); false: the composed ops")
     tensor_parallel_size: int = Field(
         1, ge=1, description="ranks the model is sharded over (CPU, one process each, all-reduce over gloo); must "
                              "divide the model's attention heads, kv heads and intermediate size")

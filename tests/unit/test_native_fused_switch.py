@@ -90,8 +90,11 @@ def test_the_fused_path_gives_the_composed_bits(tiny_qwen3: Path, monkeypatch: p
 
 def test_the_option_turns_the_fused_path_on(tiny_qwen3: Path, cpu_fuses: None) -> None:
     on = _engine(tiny_qwen3, "invariant")
-    off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1))
+    off = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1,  # type: ignore[arg-type]
+                                                                fused_kernels=False))
+    default = NativeEngine(on.decoder, "invariant", EngineConfig.of("native", dtype="bfloat16", num_threads=1))
     assert on.describe()["fused_kernels"] is True and off.describe()["fused_kernels"] is False
+    assert default.describe()["fused_kernels"] is True  # on by default where the fused path applies
     seen = record_fused(off)
     off.generate(batch_around_target(3, 1, seed=8))
     assert seen and not any(seen)
