@@ -36,6 +36,23 @@ ROWS: dict[str, VllmRow] = {
     "vllm oracle_kernels": VllmRow(env={KERNELS_ENV: "1"}, oracle_kernels=True),
 }
 BASELINE = "vllm default"
+# `oracle bench --vllm-rows` names for the rows (the baseline always runs: every ratio is to it).
+ROW_NAMES = {"default": "vllm default", "batch_invariant": "vllm VLLM_BATCH_INVARIANT=1",
+             "oracle_kernels": "vllm oracle_kernels"}
+ROW_TIMEOUT_S = 900.0  # a row's process (vLLM's start, its warm-up and timed rounds) past this is stopped
+
+
+def chosen_rows(names: str | None) -> list[str]:
+    """The rows `--vllm-rows` names (comma-separated ROW_NAMES keys; None: all), the baseline first.
+    ValueError naming an unknown one."""
+    if names is None:
+        return list(ROWS)
+    asked = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in asked if n not in ROW_NAMES]
+    if unknown:
+        raise ValueError(f"--vllm-rows: unknown row {unknown[0]!r} (one of: {', '.join(ROW_NAMES)})")
+    wanted = {ROW_NAMES[n] for n in asked} | {BASELINE}
+    return [name for name in ROWS if name in wanted]
 
 
 def available() -> bool:
@@ -120,19 +137,27 @@ def _time_row(name: str, workload: dict[str, Any], warmup: int, rounds: int) -> 
     return {**_summary(timed), "warmup_s": round(warm, 3), "engine_args": args, "env": row.env}
 
 
-def vllm_rows(workload: dict[str, Any], warmup: int, rounds: int) -> dict[str, Any]:
-    """Every row of `ROWS`, each in a child process; a row whose child fails holds its error instead."""
+def vllm_rows(workload: dict[str, Any], warmup: int, rounds: int, names: list[str] | None = None,
+              timeout_s: float = ROW_TIMEOUT_S) -> dict[str, Any]:
+    """The rows `names` of `ROWS` (all when None), each in a child process; a row whose child fails or runs past
+    `timeout_s` holds its error instead."""
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="oracle-bench-vllm-") as tmp:
         spec = Path(tmp) / "workload.json"
         spec.write_text(json.dumps({"workload": workload, "warmup": warmup, "rounds": rounds}))
-        for name, row in ROWS.items():
+        for name in names or list(ROWS):
+            row = ROWS[name]
             result = Path(tmp) / f"{len(out)}.json"
             env = {**os.environ, **row.env}
             if not row.oracle_kernels:
                 env.pop(KERNELS_ENV, None)
-            proc = subprocess.run([sys.executable, "-m", "oracle.bench_vllm", name, str(spec), str(result)],
-                                  env=env, capture_output=True, text=True)
+            try:
+                proc = subprocess.run([sys.executable, "-m", "oracle.bench_vllm", name, str(spec), str(result)],
+                                      env=env, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                out[name] = {"error": f"timed out after {timeout_s:g} s (vLLM's start and the rounds)"}
+                print(f"{name}: {out[name]['error']}", flush=True)
+                continue
             if proc.returncode == 0 and result.exists():
                 out[name] = json.loads(result.read_text())
             else:
@@ -181,10 +206,12 @@ def print_side_by_side(table: dict[str, Any], machine: str) -> None:
         print(f"| {name} | {shown} | {r['min_s'] or ''} | {ratio} |")
 
 
-def extend(json_path: Path, warmup: int, rounds: int) -> int:
-    """After the native rows of `oracle bench --workload` (written to `json_path`): vLLM's rows on the same
-    workload when vLLM can be imported and the native rows ran on CUDA, the side-by-side table with the machine
-    line, all written back to `json_path`. Nothing to add (no vLLM, the CPU): 0 and a line saying so."""
+def extend(json_path: Path, warmup: int, rounds: int, names: list[str] | None = None,
+           timeout_s: float = ROW_TIMEOUT_S) -> int:
+    """After the native rows of `oracle bench --workload` (written to `json_path`): vLLM's rows `names` (all when
+    None) on the same workload when vLLM can be imported and the native rows ran on CUDA, the side-by-side table
+    with the machine line, all written back to `json_path`. Nothing to add (no vLLM, the CPU): 0 and a line
+    saying so."""
     rows = json.loads(json_path.read_text())
     workload = dict(rows["workload"])
     device = str(workload.pop("device", ""))
@@ -194,7 +221,7 @@ def extend(json_path: Path, warmup: int, rounds: int) -> int:
         return 0
     machine = machine_line()
     _free_device_memory()
-    rows["vllm"] = vllm_rows(workload, warmup, rounds)
+    rows["vllm"] = vllm_rows(workload, warmup, rounds, names, timeout_s)
     rows["machine"] = machine
     rows["side_by_side"] = side_by_side(rows["modes"], rows["vllm"])
     print_side_by_side(rows["side_by_side"], machine)

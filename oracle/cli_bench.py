@@ -33,6 +33,11 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
                    "of timed rounds")
     b.add_argument("--no-vllm", action="store_true", help="--workload: leave out vLLM's rows (default, "
                    "VLLM_BATCH_INVARIANT=1, oracle_kernels), which run where vLLM is installed and a GPU is")
+    b.add_argument("--vllm-rows", default=None, metavar="ROWS",
+                   help="--workload: which of vLLM's rows run, comma-separated: default, batch_invariant, "
+                        "oracle_kernels (default: all; vLLM default always runs, every ratio is to it)")
+    b.add_argument("--vllm-row-timeout", type=float, default=None, metavar="S",
+                   help="--workload: seconds one vLLM row may take, its engine start included (default 900)")
     b.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
@@ -52,6 +57,10 @@ def _bench_workload(args: argparse.Namespace) -> int:
         return profile_workload(args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
                                 num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
                                 fused_kernels=args.fused_kernels)
+    try:
+        names = bench_vllm.chosen_rows(args.vllm_rows)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
         json_path = args.json or Path(tmp) / "bench.json"
         rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
@@ -59,7 +68,8 @@ def _bench_workload(args: argparse.Namespace) -> int:
                             cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels)
         if rc != 0 or args.no_vllm:
             return rc
-        return bench_vllm.extend(json_path, args.warmup, args.rounds)
+        return bench_vllm.extend(json_path, args.warmup, args.rounds, names,
+                                 args.vllm_row_timeout or bench_vllm.ROW_TIMEOUT_S)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -35,6 +35,11 @@ class NativeOptions(_Strict):
         True, description="invariant mode on CUDA in bf16/fp16 runs the decoder's norm, rotary, activation and "
                           "sampling chains as one Triton kernel each, bitwise the composed ops "
                           "(tests/gpu/test_fused_cuda.py and test_sampling_cuda.py); false: the composed ops")
+    overlap_steps: bool = Field(
+        True, description="the host schedules and launches step N+1 before step N's tokens reach it (they go from "
+                          "step N's rows to step N+1's inputs on the device; the same inputs, the same outputs); off "
+                          "where a sequence may stop at a token, under per-op capture and at tensor parallel > 1; "
+                          "false: one step at a time")
     tensor_parallel_size: int = Field(
         1, ge=1, description="ranks the model is sharded over (CPU, one process each, all-reduce over gloo); must "
                              "divide the model's attention heads, kv heads and intermediate size")

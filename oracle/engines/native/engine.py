@@ -8,6 +8,14 @@ Per step the host builds the inputs (one host-to-device copy), the device runs t
 and samples every row (oracle/engines/native/sampler.py), and one device-to-host copy brings the
 tokens back. On CUDA, decode steps replay CUDA graphs (oracle/engines/native/graphs.py, engine
 option `cuda_graphs`, on by default there); prefill steps run eagerly.
+
+Steps overlap (engine option `overlap_steps`, on by default): the host schedules step N+1 and
+launches it before it reads step N's tokens, so the device never waits for the host's Python
+between two steps. A token sampled at step N stands in the sequence as `PENDING_TOKEN` until it
+lands; step N+1 takes it from step N's sampled rows on the device (`_Landing.fill`), so its inputs
+are the same numbers as a step-at-a-time run's, and so are its outputs. A step whose batch holds a
+sequence that may stop at a token (`stop_at_eos`) lands before the scheduler records it, as does
+every step under per-op capture and at tensor parallel > 1.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from oracle.engines.native.loader import DTYPES, load_decoder
 from oracle.engines.native.model import Decoder, StepInputs, fused_path_applies
 from oracle.engines.native.parallel import Reducer
 from oracle.engines.native.profile import StepProfile
-from oracle.engines.native.sampler import SampledRows, queue_rows, request_generator
+from oracle.engines.native.sampler import PendingRows, SampledRows, queue_rows, request_generator, to_device
 from oracle.engines.native.scheduler import BlockAllocator, ScheduledSeq, Scheduler
 from oracle.engines.native.scheduler import Sequence as Seq
 from oracle.errors import ConfigError
@@ -40,6 +48,9 @@ if TYPE_CHECKING:
     from oracle.capture.rows import RowCapture
     from oracle.capture.rules import LocalizedOp
     from oracle.engines.native.ranks import RankGroup
+
+
+PENDING_TOKEN = -1  # in Sequence.tokens: sampled on the device at the step in flight, not yet on the host
 
 
 def num_kv_splits_for(num_seqs: int, max_splits: int = 8, target_parallelism: int = 16) -> int:
@@ -102,6 +113,31 @@ def _evidence_of(shape: dict[str, Any], **own: Any) -> StepEvidence:
     return evidence
 
 
+class _Landing:
+    """A step whose sampled rows are on their way to the host: what its rows' sequences wait for."""
+
+    def __init__(self, pending: PendingRows, done: list[Seq], clock: _ForwardClock | None) -> None:
+        self.pending = pending
+        self.done = done  # the sequences of the sampled rows, in row order
+        self.clock = clock
+        self.slots: list[int] | None = None  # where each row's PENDING_TOKEN stands in its sequence's tokens
+        self.row_of: dict[int, int] = {}  # sequence index -> row, for `fill`
+
+    def stand_in(self) -> dict[int, int]:
+        """The scheduler's record of this step before its tokens land: PENDING_TOKEN in each sampled
+        sequence's next place (filled in by `land`)."""
+        self.slots = [len(seq.tokens) for seq in self.done]
+        self.row_of = {seq.index: row for row, seq in enumerate(self.done)}
+        return dict.fromkeys((seq.index for seq in self.done), PENDING_TOKEN)
+
+    def fill(self, ids: torch.Tensor, dst: list[int], rows: list[int]) -> None:
+        """ids[dst[j]] = the token sampled in row rows[j], on the device (queued after this step's sampling)."""
+        if not dst:
+            return
+        index = to_device(array("q", [*dst, *rows]), ids.device)
+        ids.index_copy_(0, index[: len(dst)], self.pending.device_tokens.index_select(0, index[len(dst):]))
+
+
 class NativeEngine:
     """Implements `oracle.engines.contract.Engine` in this process, with the optional capabilities
     StopsAtEos, ResetsPrefixCache, Capturable and TimesForwardPasses.
@@ -124,6 +160,7 @@ class NativeEngine:
         # The fused chains (kernels/fused.py, the sampler's one-read kernel) where they give the composed bits:
         # the option, and whether this mode, device and dtype have a fused decoder (decided once here).
         self.fused_kernels = options.fused_kernels
+        self.overlap_steps = options.overlap_steps
         self._fused_decoder = self.fused_kernels and fused_path_applies(self.mode, self.device, self.decoder.dtype)
         self.tensor_parallel_size = options.tensor_parallel_size
         # Ranks 1..N-1 of a sharded model (oracle.engines.native.ranks); None in one process.
@@ -170,6 +207,7 @@ class NativeEngine:
             "num_threads": self.num_threads or torch.get_num_threads(),
             "cuda_graphs": self.cuda_graphs,
             "fused_kernels": self._fused_decoder,
+            "overlap_steps": self.overlap_steps and self.ranks is None,
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
@@ -286,6 +324,8 @@ class NativeEngine:
         generators = [self._generator(r) for r in requests]
         # The decoder's fused chains where they give the composition's bits; never under per-op capture (pass_hook).
         fused = self._fused_decoder and self.pass_hook is None
+        overlap = self.overlap_steps and self.pass_hook is None and self.ranks is None
+        landing: _Landing | None = None  # the step in flight: its tokens not yet on the host
         with torch.no_grad(), self._threads(), self._kernels(), self.decoder.fusing(fused):
             step = 0
             profile = self.profile
@@ -296,56 +336,82 @@ class NativeEngine:
                 if profile is not None:
                     profile.phase("schedule")
                 if batch:
-                    sampled = self._run_step(step, batch, requests, outs, generators)
-                    scheduler.update(batch, sampled)
+                    launched = self._launch(step, batch, requests, generators, landing)
+                    if landing is not None:  # the step before lands while the device runs this one
+                        self._land(landing, outs)
+                    num_tokens = sum(item.num_new_tokens for item in batch)
+                    self._evidence(step, batch, num_tokens, outs)
+                    if profile is not None:
+                        profile.phase("evidence")
+                    if overlap and not any(item.seq.stop_token_id is not None for item in batch):
+                        scheduler.update(batch, launched.stand_in())
+                        landing = launched
+                    else:
+                        scheduler.update(batch, self._land(launched, outs))
+                        landing = None
                     if profile is not None:
                         profile.phase("record")
+                elif landing is not None:
+                    self._land(landing, outs)
+                    landing = None
                 step += 1
+            if landing is not None:
+                self._land(landing, outs)
         return outs
 
     def _generator(self, r: Request) -> torch.Generator | None:
         return request_generator(r.sampling)
 
-    def _run_step(
-        self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request], outs: list[Completion],
-        generators: list[torch.Generator | None],
-    ) -> dict[int, int]:
+    def _launch(
+        self, step: int, batch: list[ScheduledSeq], requests: Sequence[Request],
+        generators: list[torch.Generator | None], landing: _Landing | None,
+    ) -> _Landing:
+        """Queue the pass and its sampling on the device (tokens still in flight in `landing` come from its rows
+        there) and the sampled rows' copy to the host."""
         clock = _ForwardClock(self.device) if self.timed else None
         profile = self.profile
         began = profile.forward_begin() if profile is not None else None
-        logits = self._forward(step, batch)  # [R, vocab] float32, R = sequences that sample; queued on the device
+        logits = self._forward(step, batch, landing)  # [R, vocab] float32, R = sequences that sample; queued
         if clock is not None:
             clock.stop()
-        num_tokens = sum(item.num_new_tokens for item in batch)
         if profile is not None:
-            profile.forward_end(self._forward_kind, began, len(batch), num_tokens)
+            profile.forward_end(self._forward_kind, began, len(batch), sum(item.num_new_tokens for item in batch))
             profile.phase("launch")
-        done = [item.seq.index for item in batch if item.completes]
-        pending = queue_rows(logits, [requests[i].sampling for i in done], [generators[i] for i in done],
+        done = [item.seq for item in batch if item.completes]
+        pending = queue_rows(logits, [requests[s.index].sampling for s in done], [generators[s.index] for s in done],
                              before_copy=profile.sampled if profile is not None else None,
                              invariant=self.mode == "invariant", fused=self.fused_kernels)
         if profile is not None:
             profile.phase("sample")
-        # Host work while the device computes the pass and samples it.
-        self._evidence(step, batch, num_tokens, outs)
-        if profile is not None:
-            profile.phase("evidence")
-        rows = pending.result()
+        return _Landing(pending, done, clock)
+
+    def _land(self, landing: _Landing, outs: list[Completion]) -> dict[int, int]:
+        """Wait for a step's rows, record them and put its tokens in place of their stand-ins; its tokens by
+        sequence index."""
+        rows = landing.pending.result()
+        profile = self.profile
         if profile is not None:
             profile.phase("wait")
             profile.read_device_times()
-        if clock is not None:
-            self.forward_seconds += clock.seconds()
-        self._record(rows, done, outs)
-        return dict(zip(done, rows.tokens, strict=True))
+        if landing.clock is not None:
+            self.forward_seconds += landing.clock.seconds()
+        indices = [seq.index for seq in landing.done]
+        self._record(rows, indices, outs)
+        if landing.slots is not None:
+            for seq, slot, token in zip(landing.done, landing.slots, rows.tokens, strict=True):
+                seq.tokens[slot] = token
+        if profile is not None:
+            profile.phase("record")
+        return dict(zip(indices, rows.tokens, strict=True))
 
     def _evidence(self, step: int, batch: list[ScheduledSeq], num_tokens: int, outs: list[Completion]) -> None:
         """Append each scheduled sequence's evidence of this pass (before the scheduler records it)."""
         for item, ev in zip(batch, pass_evidence(step, batch, num_tokens), strict=True):
             outs[item.seq.index].evidence.append(ev)
 
-    def _forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager.
+    def _forward(self, step: int, batch: list[ScheduledSeq], landing: _Landing | None = None) -> torch.Tensor:
+        """The pass's logits: a CUDA graph replay for a decode step that fits a bucket, else eager. A token of
+        a sequence that is still PENDING_TOKEN is taken from `landing`'s rows on the device.
 
         Under per-op capture (oracle.capture) every pass runs eagerly, inside the capture's context.
         """
@@ -354,7 +420,7 @@ class NativeEngine:
         if self.ranks is not None:
             return self._sharded_forward(step, batch)
         if self.pass_hook is not None:
-            inputs = self._prepare(batch)
+            inputs = self._prepare(batch, landing)
             with self.pass_hook(step, batch, inputs):
                 return self.decoder.forward(inputs, self._kv)
         if self.cuda_graphs and decode:
@@ -363,16 +429,25 @@ class NativeEngine:
                 self._forward_kind = "decode_graph"
                 bs = self.block_size
                 ids, positions, slots, tables = [], [], [], []
-                for item in batch:  # one pass over the batch: a decode step holds up to max_num_seqs
+                dst: list[int] = []
+                rows: list[int] = []
+                for i, item in enumerate(batch):  # one pass over the batch: a decode step holds up to max_num_seqs
                     seq = item.seq
                     p = seq.num_computed_tokens
-                    ids.append(seq.tokens[p])
+                    token = seq.tokens[p]
+                    if token == PENDING_TOKEN:
+                        assert landing is not None
+                        dst.append(i)
+                        rows.append(landing.row_of[seq.index])
+                        token = 0
+                    ids.append(token)
                     positions.append(p)
                     slots.append(seq.block_table[p // bs] * bs + p % bs)
                     tables.append(seq.block_table)
+                fill = (lambda ids_t: landing.fill(ids_t, dst, rows)) if dst and landing is not None else None
                 return graphs.run(ids=ids, positions=positions, slots=slots, seq_lens=[p + 1 for p in positions],
-                                  tables=tables)
-        return self.decoder.forward(self._prepare(batch), self._kv)
+                                  tables=tables, fill=fill)
+        return self.decoder.forward(self._prepare(batch, landing), self._kv)
 
     def _sharded_forward(self, step: int, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Every rank runs the pass (rank 0's layout of the target goes with it under capture); rank 0's logits."""
@@ -395,19 +470,26 @@ class NativeEngine:
                                         num_kv_splits=num_kv_splits_for)
         return self._graphs
 
-    def _prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+    def _prepare(self, batch: list[ScheduledSeq], landing: _Landing | None = None) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         qsl = [0]
         seq_lens: list[int] = []
         logits_idx: list[int] = []
+        dst: list[int] = []
+        rows: list[int] = []
         bs = self.block_size
         for item in batch:
             seq = item.seq
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             ids += seq.tokens[start:end]
+            if seq.tokens[end - 1] == PENDING_TOKEN:  # a token in flight is the last one a sequence has
+                assert landing is not None
+                dst.append(len(ids) - 1)
+                rows.append(landing.row_of[seq.index])
+                ids[-1] = 0
             positions += range(start, end)
             slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
             qsl.append(qsl[-1] + item.num_new_tokens)
@@ -418,11 +500,12 @@ class NativeEngine:
         tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in batch]
         # One host-to-device copy: every index list end to end, split on the device.
         lengths = [len(ids), len(positions), len(slots), len(tables) * width, len(seq_lens), len(qsl), len(logits_idx)]
-        flat = torch.frombuffer(
+        flat = to_device(
             array("q", [*ids, *positions, *slots, *(b for row in tables for b in row), *seq_lens, *qsl, *logits_idx]),
-            dtype=torch.int64,
-        ).to(self.device)
+            self.device)
         ids_t, pos_t, slots_t, tables_t, lens_t, qsl_t, idx_t = torch.split(flat, lengths)
+        if landing is not None:
+            landing.fill(ids_t, dst, rows)
         return StepInputs(
             input_ids=ids_t, positions=pos_t, slot_mapping=slots_t,
             block_tables=tables_t.view(len(tables), width).to(torch.int32), seq_lens=lens_t.to(torch.int32),
@@ -431,6 +514,7 @@ class NativeEngine:
         )
 
     def _record(self, rows: SampledRows, done: list[int], outs: list[Completion]) -> None:
+        """Append each sampled row to its sequence's completion (`done`: the rows' sequence indices)."""
         for row, index in enumerate(done):
             out = outs[index]
             out.token_ids.append(rows.tokens[row])

@@ -144,8 +144,9 @@ class DecodeGraphs:
         return self.decoder.forward(inputs, self.kv_caches)
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-            tables: list[list[int]]) -> torch.Tensor:
-        """Logits [len(ids), vocab] float32 of one decode step (a view of the graph's output)."""
+            tables: list[list[int]], fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Logits [len(ids), vocab] float32 of one decode step (a view of the graph's output). `fill`, given
+        the step's ids on the device, writes the ones the host does not have yet (queued before the pass)."""
         num_seqs = len(ids)
         bucket = self.bucket_for(num_seqs)
         if bucket is None:
@@ -154,15 +155,21 @@ class DecodeGraphs:
         host = self._pack(bucket, width, ids, positions, slots, seq_lens, tables)
         entry = self.graphs.get((bucket, width))
         if entry is None:
-            entry = self._capture(bucket, width, host)
+            entry = self._capture(bucket, width, host, fill)
         else:
-            entry.packed.copy_(host)
+            # Pinned and without a wait: the step before may still be running (the engine overlaps steps).
+            entry.packed.copy_(host.pin_memory(), non_blocking=True)
+            if fill is not None:
+                fill(entry.packed[:bucket])
         entry.graph.replay()
         return entry.logits[:num_seqs]
 
-    def _capture(self, bucket: int, width: int, host: torch.Tensor) -> _Graph:
+    def _capture(self, bucket: int, width: int, host: torch.Tensor,
+                 fill: Callable[[torch.Tensor], None] | None = None) -> _Graph:
         device = self.decoder.device
         packed = host.to(device)
+        if fill is not None:  # the warm-up below runs these inputs
+            fill(packed[:bucket])
         current = torch.cuda.current_stream(device)
         # Warm-up on the capture stream (kernel compilation, cuBLASLt's first-call checks, the stream's
         # cuBLAS workspace), so that nothing is created for the first time inside the capture.

@@ -8,7 +8,8 @@ sampling (CUDA events, read once the step's one host copy has waited for them). 
     launch     the step's inputs built and copied, and the forward pass launched (or a graph replayed)
     sample     the sampling launched and its one device-to-host copy queued (on the CPU: run)
     evidence   the per-sequence evidence of the pass (Python, while the device computes and samples)
-    wait       the host waits for that copy (CUDA: the device's pass and sampling still running)
+    wait       the host waits for a step's copy (CUDA: the device's pass and sampling still running); with
+               overlapping steps, the step before's, once this one is queued behind it
     record     tokens appended to the completions and the scheduler updated (Python)
 
 Forward passes are of three kinds: `prefill` (the batch holds prefill tokens, eager), `decode_graph`
@@ -51,7 +52,7 @@ class StepProfile:
     captures: int = 0  # CUDA graphs captured while profiling (a warm round leaves none to capture)
     tokens: int = 0  # tokens computed (prefill and decode)
     wall_s: float = 0.0  # the steps' host wall time, summed
-    _pending: _Pending | None = None
+    _pending: list[_Pending] = field(default_factory=list)  # steps launched, not yet read (two while steps overlap)
     _t: float = 0.0
 
     @property
@@ -88,21 +89,22 @@ class StepProfile:
             return
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self._pending = _Pending(kind, (begin, end, end))
+        self._pending.append(_Pending(kind, (begin, end, end)))
 
     def sampled(self) -> None:
-        """Called right before the sampler's host copy: the end of the sampling kernels."""
-        if self._pending is None:
+        """Called right before the sampler's host copy: the end of the last launched step's sampling kernels."""
+        if not self._pending:
             return
         done = torch.cuda.Event(enable_timing=True)
         done.record()
-        self._pending.events = (self._pending.events[0], self._pending.events[1], done)
+        last = self._pending[-1]
+        last.events = (last.events[0], last.events[1], done)
 
     def read_device_times(self) -> None:
-        """After the host copy (the events are done): the step's forward and sampling device times."""
-        pending, self._pending = self._pending, None
-        if pending is None:
+        """After a step's host copy (its events are done): the oldest unread step's forward and sampling times."""
+        if not self._pending:
             return
+        pending = self._pending.pop(0)
         begin, end, done = pending.events
         done.synchronize()
         self.forward_s[pending.kind] += begin.elapsed_time(end) / 1000.0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,15 @@ from oracle.engines.contract import SamplingParams
 FINGERPRINT_LANES = 4
 _FINGERPRINT_SEED = 0x5EED_D16E
 _ROWS_PER_PASS = 128  # bounds the [rows, vocab] int64 temporary of the fingerprint
+
+
+def to_device(values: array[int], device: torch.device) -> torch.Tensor:
+    """int64 `values` on `device`. On CUDA through pinned memory and without a wait: a copy from pageable
+    memory waits for everything queued on the stream, and the engine queues a step while the last one runs."""
+    host = torch.frombuffer(values, dtype=torch.int64) if len(values) else torch.empty(0, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 @functools.cache
@@ -113,8 +123,9 @@ def draw(
     if not drawn:
         return None
     device = logits.device
-    gumbel = torch.stack([_gumbel(g, logits.shape[-1]) for g in generators if g is not None]).to(device)  # [S, vocab]
-    rows = torch.tensor(drawn, device=device)
+    gumbel = torch.stack([_gumbel(g, logits.shape[-1]) for g in generators if g is not None])  # [S, vocab]
+    gumbel = gumbel.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else gumbel.to(device)
+    rows = to_device(array("q", drawn), device)
     temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
     scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
     tokens = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=device)
@@ -146,7 +157,8 @@ class PendingRows:
 
     host: torch.Tensor  # [R, 4 (+ lanes)] int64, filled by the queued copy
     copied: torch.cuda.Event | None  # recorded after the copy (CUDA); None where the copy already ran
-    logits: torch.Tensor
+    device_tokens: torch.Tensor  # [R] int64: the rows' tokens on the device (the next step's inputs)
+    full_logits: torch.Tensor | None  # [len(full_rows), vocab] float32: the `logits: full` rows, gathered when queued
     digest_rows: list[int]
     full_rows: list[int]
 
@@ -156,8 +168,8 @@ class PendingRows:
             self.copied.synchronize()
         host = self.host.numpy()
         full: dict[int, Any] = {}
-        if self.full_rows:
-            copied = self.logits[torch.tensor(self.full_rows, device=self.logits.device)].cpu().numpy()
+        if self.full_logits is not None:
+            copied = self.full_logits.cpu().numpy()
             full = {row: copied[j] for j, row in enumerate(self.full_rows)}
         return SampledRows(
             tokens=host[:, 0].tolist(),
@@ -209,7 +221,7 @@ def queue_rows(
     digest_rows = [i for i, s in enumerate(sampling) if s.logits == "digest"]
     if digest_rows:
         lanes = torch.zeros((logits.shape[0], FINGERPRINT_LANES), dtype=torch.int64, device=device)
-        index = torch.tensor(digest_rows, device=device)
+        index = to_device(array("q", digest_rows), device)
         lanes[index] = fingerprint(logits[index])
         columns.append(lanes)
     packed = torch.cat(columns, dim=1) if len(columns) > 1 else columns[0]
@@ -223,7 +235,9 @@ def queue_rows(
     else:
         host = packed.cpu()
     full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
-    return PendingRows(host, copied, logits, digest_rows, full_rows)
+    # Gathered now: the logits may be a CUDA graph's output, which the next step overwrites before `result()`.
+    full = logits[to_device(array("q", full_rows), device)] if full_rows else None
+    return PendingRows(host, copied, packed[:, 0], full, digest_rows, full_rows)
 
 
 def sample_rows(
