@@ -244,6 +244,7 @@ def prepared_workload(command: str, name: str, num_seqs: int | None, preset: str
 def bench_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, rounds: int = 3, device: str | None = None,
     preset: str | None = None, num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = True,
+    overlap_steps: bool = True,
 ) -> int:
     """Time the native engine on a named workload in both modes; `preset`/`num_seqs` shrink it (smoke runs)."""
     import torch
@@ -258,7 +259,7 @@ def bench_workload(
         engine = NativeEngine(decoder, mode, EngineConfig.of(
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
             max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs,
-            fused_kernels=fused_kernels))
+            fused_kernels=fused_kernels, overlap_steps=overlap_steps))
 
         def run_once(engine: NativeEngine = engine) -> int:
             return sum(len(o.token_ids) for o in engine.generate(requests))
@@ -267,7 +268,8 @@ def bench_workload(
             timed, warm = _time_rounds(run_once, engine, warmup, rounds, mode)
             rows["modes"][mode] = {**_summary(timed), "warmup_s": round(warm, 3),
                                    "cuda_graphs": engine.cuda_graphs,
-                                   "fused_kernels": engine.describe()["fused_kernels"]}
+                                   "fused_kernels": engine.describe()["fused_kernels"],
+                                   "overlap_steps": engine.describe()["overlap_steps"]}
         finally:
             engine.close()
             if device == "cuda":

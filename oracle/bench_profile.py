@@ -176,7 +176,8 @@ def _print(rows: dict[str, Any]) -> None:
 
 def profile_workload(
     name: str, json_path: Path | None, *, warmup: int = 1, device: str | None = None, preset: str | None = None,
-    num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = True, modes: tuple[str, ...] = ("invariant", "production"),
+    num_seqs: int | None = None, cuda_graphs: bool | None = None, fused_kernels: bool = True,
+    overlap_steps: bool = True, modes: tuple[str, ...] = ("invariant", "production"),
     op_table_round: bool = True,
 ) -> int:
     """Profile the native engine on a named workload (`oracle.bench.WORKLOADS`), per mode."""
@@ -193,7 +194,7 @@ def profile_workload(
         engine = NativeEngine(decoder, mode, EngineConfig.of(  # type: ignore[arg-type]
             "native", device=device, dtype=w.dtype, max_num_seqs=w.max_num_seqs,
             max_num_batched_tokens=w.max_num_batched_tokens, cuda_graphs=cuda_graphs,
-            fused_kernels=fused_kernels))
+            fused_kernels=fused_kernels, overlap_steps=overlap_steps))
 
         def run_once(engine: NativeEngine = engine) -> int:
             return sum(len(o.token_ids) for o in engine.generate(requests))
@@ -201,7 +202,8 @@ def profile_workload(
         try:
             rows["modes"][mode] = {**profile_mode(engine, run_once, warmup, op_table_round),
                                    "cuda_graphs": engine.cuda_graphs,
-                                   "fused_kernels": engine.describe()["fused_kernels"]}
+                                   "fused_kernels": engine.describe()["fused_kernels"],
+                                   "overlap_steps": engine.describe()["overlap_steps"]}
         finally:
             engine.close()
             if device == "cuda":
@@ -226,13 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--no-cuda-graphs", action="store_true")
     prof.add_argument("--fused-kernels", dest="fused_kernels", action="store_true", default=True)
     prof.add_argument("--no-fused-kernels", dest="fused_kernels", action="store_false")
+    prof.add_argument("--no-overlap-steps", dest="overlap_steps", action="store_false")
     prof.add_argument("--no-op-table", action="store_true", help="skip the torch.profiler round")
     prof.add_argument("--json", type=Path, default=None)
     args = prof.parse_args(argv)
     return profile_workload(
         args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
         num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels,
-        modes=("invariant", "production") if args.mode == "both" else (args.mode,),
+        overlap_steps=args.overlap_steps, modes=("invariant", "production") if args.mode == "both" else (args.mode,),
         op_table_round=not args.no_op_table)
 
 

@@ -28,6 +28,8 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
                    help="--workload: the native engine's option fused_kernels off (invariant mode's composed ops)")
     b.add_argument("--fused-kernels", dest="fused_kernels", action="store_true",
                    help="--workload: fused_kernels on (the default; kept for earlier command lines)")
+    b.add_argument("--no-overlap-steps", dest="overlap_steps", action="store_false",
+                   help="--workload: the native engine's option overlap_steps off (one step at a time)")
     b.add_argument("--profile", action="store_true", help="--workload: where the native engine's time goes "
                    "(host phases, forward by kind, decode graph coverage, host syncs, kernels by op class) instead "
                    "of timed rounds")
@@ -56,7 +58,7 @@ def _bench_workload(args: argparse.Namespace) -> int:
 
         return profile_workload(args.workload, args.json, warmup=args.warmup, device=args.device, preset=args.preset,
                                 num_seqs=args.sequences, cuda_graphs=False if args.no_cuda_graphs else None,
-                                fused_kernels=args.fused_kernels)
+                                fused_kernels=args.fused_kernels, overlap_steps=args.overlap_steps)
     try:
         names = bench_vllm.chosen_rows(args.vllm_rows)
     except ValueError as e:
@@ -65,7 +67,8 @@ def _bench_workload(args: argparse.Namespace) -> int:
         json_path = args.json or Path(tmp) / "bench.json"
         rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
                             preset=args.preset, num_seqs=args.sequences,
-                            cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels)
+                            cuda_graphs=False if args.no_cuda_graphs else None, fused_kernels=args.fused_kernels,
+                            overlap_steps=args.overlap_steps)
         if rc != 0 or args.no_vllm:
             return rc
         return bench_vllm.extend(json_path, args.warmup, args.rounds, names,

@@ -16,12 +16,12 @@ import pytest
 from bitwise import assert_same_bits
 
 from oracle.config import EngineConfig
-from oracle.engines.contract import Request, RunSpec, SamplingParams
+from oracle.engines.contract import Mode, Request, RunSpec, SamplingParams
 from oracle.engines.native import NativeEngine
 from oracle.engines.native import engine as native_engine
 
 
-def _engine(model: Any, mode: str, overlap: bool, **values: Any) -> NativeEngine:
+def _engine(model: Any, mode: Mode, overlap: bool, **values: Any) -> NativeEngine:
     return NativeEngine(model, mode, EngineConfig.of("native", num_threads=1, overlap_steps=overlap, **values))
 
 
@@ -48,7 +48,7 @@ def _same(a: list[Any], b: list[Any]) -> None:
 @pytest.mark.parametrize("mode", ["invariant", "production"])
 @pytest.mark.parametrize(("budget", "caching", "seed"), [(None, False, 1), (24, False, 2), (16, True, 3), (64, True, 4)])
 def test_overlapping_steps_give_what_one_step_at_a_time_gives(
-    tiny_qwen3: Path, mode: str, budget: int | None, caching: bool, seed: int,
+    tiny_qwen3: Path, mode: Mode, budget: int | None, caching: bool, seed: int,
 ) -> None:
     """Chunked prefill (a token budget below the prompts), arrivals while others decode, prefix cache hits."""
     serial = _engine(tiny_qwen3, mode, False, enable_prefix_caching=caching)
