@@ -59,12 +59,17 @@ def _time_of(event: Any, device: bool) -> float:
     return float(value or 0.0)
 
 
+TOP_KERNELS = 20  # the op table's list of the kernels (or aten ops) that took the most time
+
+
 def op_table(averages: Any, on_cuda: bool) -> dict[str, Any]:
-    """torch.profiler's key averages -> time and count by op class, and launch calls.
+    """torch.profiler's key averages -> time and count by op class, the `TOP_KERNELS` names that took the most
+    (name cut to 120 characters, class, count, ms), and launch calls.
 
     CUDA: the kernels (device self time); CPU: the aten ops (host self time)."""
     classes: dict[str, dict[str, float]] = {}
     launches: dict[str, int] = {}
+    names: list[tuple[float, str, str, int]] = []
     for e in averages:
         key = str(e.key)
         if key in LAUNCH_CALLS:
@@ -73,14 +78,18 @@ def op_table(averages: Any, on_cuda: bool) -> dict[str, Any]:
         is_kernel = "cuda" in str(getattr(e, "device_type", "")).lower()
         if on_cuda != is_kernel or (not on_cuda and not key.startswith("aten::")):
             continue
-        row = classes.setdefault(op_class(key), {"count": 0, "ms": 0.0})
+        cls = op_class(key)
+        row = classes.setdefault(cls, {"count": 0, "ms": 0.0})
         row["count"] += int(e.count)
         row["ms"] += _time_of(e, on_cuda) / 1000.0
+        names.append((_time_of(e, on_cuda) / 1000.0, key[:120], cls, int(e.count)))
     total = sum(r["ms"] for r in classes.values()) or 1.0
+    top = [{"name": name, "class": cls, "count": count, "ms": round(ms, 3)}
+           for ms, name, cls, count in sorted(names, key=lambda n: -n[0])[:TOP_KERNELS]]
     table = {cls: {"count": int(r["count"]), "ms": round(r["ms"], 3), "share": round(r["ms"] / total, 4)}
              for cls, r in sorted(classes.items(), key=lambda kv: -kv[1]["ms"])}
     return {"what": "kernels, device time" if on_cuda else "aten ops, host self time", "classes": table,
-            "launch_calls": launches}
+            "top": top, "launch_calls": launches}
 
 
 @contextmanager
@@ -169,6 +178,10 @@ def _print(rows: dict[str, Any]) -> None:
             print("| --- | ---: | ---: | ---: |")
             for cls, c in ops["classes"].items():
                 print(f"| {cls} | {c['count']} | {c['ms']} | {100 * c['share']:.1f}% |")
+            print(f"\n| top {len(ops['top'])} by time | class | count | ms |")
+            print("| --- | --- | ---: | ---: |")
+            for k in ops["top"]:
+                print(f"| `{k['name']}` | {k['class']} | {k['count']} | {k['ms']} |")
             print(f"\nlaunch calls: {ops['launch_calls'] or 'none seen'}")
         elif ops:
             print(f"\nop table: {ops['error']}")

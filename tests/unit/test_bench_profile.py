@@ -48,6 +48,9 @@ def test_profile_of_a_small_workload(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert r["steps"]["decode_graph"] == 0 and r["decode_graph_coverage"] == 0.0  # no graphs on the CPU
         assert sum(r["eager_decode_batch_sizes"].values()) == r["steps"]["decode_eager"]
         assert r["ops"]["classes"]["matmul"]["count"] > 0
+        top = r["ops"]["top"]
+        assert 0 < len(top) <= 20 and [k["ms"] for k in top] == sorted((k["ms"] for k in top), reverse=True)
+        assert {k["class"] for k in top} <= set(r["ops"]["classes"])
 
 
 def test_a_profiled_run_gives_the_same_bits() -> None:
