@@ -135,3 +135,11 @@ def test_no_stand_in_is_left_behind(tiny_qwen3: Path, monkeypatch: pytest.Monkey
     engine = _engine(tiny_qwen3, "invariant", True, enable_prefix_caching=True, block_size=4)
     engine.generate(_requests(5))
     assert seen and all(native_engine.PENDING_TOKEN not in tokens for tokens in seen)
+
+
+def test_describe_says_where_steps_overlap(tiny_qwen3: Path) -> None:
+    on = _engine(tiny_qwen3, "invariant", True)
+    assert on.describe()["overlap_steps"] is True
+    assert _engine(on.decoder, "invariant", False).describe()["overlap_steps"] is False
+    stops = _engine(on.decoder, "invariant", True, stop_at_eos=True)
+    assert stops.eos_token_ids and stops.describe()["overlap_steps"] is False  # every step lands where EOS may stop

@@ -207,7 +207,8 @@ class NativeEngine:
             "num_threads": self.num_threads or torch.get_num_threads(),
             "cuda_graphs": self.cuda_graphs,
             "fused_kernels": self._fused_decoder,
-            "overlap_steps": self.overlap_steps and self.ranks is None,
+            # Whether steps overlap: never at tensor parallel > 1, nor where every sequence may stop at EOS.
+            "overlap_steps": self.overlap_steps and self.ranks is None and not (self.stop_at_eos and self.eos_token_ids),
             # On CUDA: which bf16/fp16 products cuBLASLt without split-K took (bitwise the Triton kernel's).
             **({"matmul_paths": oracle_kernels.matmul_paths()}
                if self.mode == "invariant" and self.device.type == "cuda" else {}),
