@@ -32,6 +32,7 @@ from oracle.engines.contract import (
     Engine,
     Mode,
     RunSpec,
+    start_parts,
 )
 from oracle.errors import EngineError, OracleError
 from oracle.mode_result import InstanceRun, ModeResult
@@ -156,6 +157,9 @@ class ModeExecution:
                     raise
                 raise EngineError(f"{self.mode} mode's engine did not start: {e}") from e  # which mode failed
             self.describe = self.engine.describe()
+        # TimesItsStart: the parts of the start it measured, beside the whole (`{mode}_engine_start_{part}_s`).
+        for part, seconds in start_parts(self.engine).items():
+            self.clock.seconds[f"engine_start_{part}"] = seconds
         try:
             self._run_phases(replayed, to_repeat)
         finally:

@@ -23,7 +23,7 @@ capability's method and states its engine's through its own `capabilities`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -309,6 +309,25 @@ class TimesForwardPasses(Protocol):
     forward_seconds: float
 
 
+@runtime_checkable
+class TimesItsStart(Protocol):
+    """Where its start went: `start_seconds` maps parts of it (`import_vllm`, `vllm_init_engine`, ...) to seconds,
+    read once after the engine is built; the report's timings hold each as `{mode}_engine_start_{part}_s`, beside
+    the whole start (`{mode}_engine_start_s`), which the parts need not add up to."""
+
+    start_seconds: Mapping[str, float]
+
+
+def start_parts(engine: object) -> dict[str, float]:
+    """TimesItsStart's `start_seconds` of `engine`, its names and finite non-negative seconds only (empty for an
+    engine without it, or one whose answer is not such a mapping)."""
+    parts = getattr(engine, "start_seconds", None)
+    if not isinstance(parts, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in parts.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0}
+
+
 # What localize says of an engine whose Capabilities do not localize: what to add (docs/engines.md).
 CAPTURE_HOW = ("declares no way to capture its ops: give its class capture(run, rows) (Capturable, a model in "
                "this process) or localize(expected, actual, repro_dir) (LocalizesInWorker, a model in a worker), "
@@ -329,6 +348,7 @@ class Capabilities:
     localize_layout: bool = False  # LaysOutPasses
     op_packages: tuple[str, ...] = ()  # DeclaresOpPackages
     forward_timing: bool = False  # TimesForwardPasses
+    start_timing: bool = False  # TimesItsStart
 
     @property
     def localizes(self) -> bool:
@@ -360,6 +380,7 @@ def capabilities(engine: object) -> Capabilities:
         localize_layout=isinstance(engine, LaysOutPasses),
         op_packages=(packages,) if isinstance(packages, str) else tuple(str(p) for p in packages),
         forward_timing=isinstance(engine, TimesForwardPasses),
+        start_timing=isinstance(engine, TimesItsStart),
     )
 
 

@@ -209,6 +209,13 @@ class VllmEngine:
             _ask_for_kernels(env)
         return env
 
+    @property
+    def start_seconds(self) -> dict[str, float]:
+        """TimesItsStart: where the first worker's start went (oracle.engines.vllm_worker): `import_vllm`,
+        `vllm_engine` and, of that, `vllm_load_model`, `vllm_kv_cache_and_warmup` (with `vllm_profile_run` and
+        `vllm_graph_capture` inside it), then `worker_reads`."""
+        return dict(self._info.get("start_seconds", {}))
+
     def describe(self) -> dict[str, Any]:
         s = self.spec
         info = self._info

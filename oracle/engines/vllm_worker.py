@@ -18,10 +18,13 @@ output of every step is recorded as the evidence of what shared each forward pas
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib
 import sys
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -33,6 +36,62 @@ from oracle.engines.vllm_posture import agreed, read_posture, threads
 from oracle.engines.vllm_tap import Scheduled, SchedulerTap
 
 _AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
+
+# Parts of vLLM's start, timed by wrapping its methods while the engine is built: the part, then the module, class
+# and method (one a version lacks is left out). They nest: the KV cache's part holds the profile run and, on a
+# GPU, the graph capture; torch.compile, where on, runs inside the profile run.
+VLLM_START_PARTS: tuple[tuple[str, str, str, str], ...] = (
+    ("vllm_load_model", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "load_model"),
+    ("vllm_load_model", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model"),
+    ("vllm_profile_run", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "profile_run"),
+    ("vllm_graph_capture", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "capture_model"),
+    ("vllm_kv_cache_and_warmup", "vllm.v1.engine.core", "EngineCore", "_initialize_kv_caches"),
+)
+
+
+def _timed(original: Any, name: str, seconds: dict[str, float], depth: dict[str, int]) -> Any:
+    """`original` that adds its outermost calls' seconds to `seconds[name]`."""
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        outermost = depth.get(name, 0) == 0  # a subclass's method that calls its parent's counts once
+        depth[name] = depth.get(name, 0) + 1
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[name] -= 1
+            if outermost:
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - began
+
+    return timed
+
+
+@contextlib.contextmanager
+def timed_vllm_parts(on_cpu: bool) -> Iterator[dict[str, float]]:
+    """The seconds of `VLLM_START_PARTS` that run inside the block (vLLM's engine core in this process); the
+    methods are vLLM's own again after it. `on_cpu`: vLLM's CPU platform (its model runner module is imported
+    only there)."""
+    seconds: dict[str, float] = {}
+    depth: dict[str, int] = {}
+    patched: list[tuple[type, str, Any]] = []
+    for name, module, class_name, method in VLLM_START_PARTS:
+        if "cpu_model_runner" in module and not on_cpu:
+            continue
+        try:
+            cls = getattr(importlib.import_module(module), class_name)
+        except Exception:  # noqa: BLE001 - a version without it: the part is left out
+            continue
+        original = cls.__dict__.get(method) if isinstance(cls, type) else None
+        if not callable(original):
+            continue
+        setattr(cls, method, _timed(original, name, seconds, depth))
+        patched.append((cls, method, original))
+    try:
+        yield seconds
+    finally:
+        for cls, method, original in reversed(patched):
+            setattr(cls, method, original)
 
 
 @dataclass(frozen=True)
@@ -122,9 +181,12 @@ class WorkerEngine:
     """A `vllm.LLMEngine` built for one mode, and the loop that steps it for one trial at a time."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        began = time.perf_counter()
         import vllm
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        imported = time.perf_counter()
 
         self.spec = spec
         kwargs: dict[str, Any] = dict(
@@ -146,7 +208,14 @@ class WorkerEngine:
             raise WorkerConfigError(str(e)) from e
         # Invariant mode's kernels come from oracle's vLLM plugin (oracle.engines.vllm_plugin), which vLLM runs
         # in this process and in every rank it starts; the environment (ORACLE_VLLM_KERNELS) asks for them.
-        self.engine = LLMEngine.from_engine_args(args)
+        from vllm.platforms import current_platform
+
+        with timed_vllm_parts(current_platform.is_cpu()) as vllm_parts:
+            self.engine = LLMEngine.from_engine_args(args)
+        built = time.perf_counter()
+        # Where the start went (TimesItsStart, oracle.engines.contract): vLLM's import, its engine and parts of
+        # that (`VLLM_START_PARTS`), and what this worker reads after (ranks, posture, the kernels' audit).
+        start: dict[str, float] = {"import_vllm": imported - began, "vllm_engine": built - imported, **vllm_parts}
         client: Any = self.engine.engine_core  # an InprocClient with VLLM_ENABLE_V1_MULTIPROCESSING=0
         core = client.engine_core
         self.scheduler = core.scheduler
@@ -178,6 +247,8 @@ class WorkerEngine:
             why = not_in_force(ranks, spec.tensor_parallel_size * spec.pipeline_parallel_size)
             if why:
                 raise NotInForce("; ".join(why))
+        start["worker_reads"] = time.perf_counter() - built
+        self.info["start_seconds"] = {k: round(v, 3) for k, v in start.items()}
 
     def _ranks(self) -> list[dict[str, Any]]:
         """Each rank's own account of what it runs (`vllm_plugin.rank_report`, run in the rank's process), with

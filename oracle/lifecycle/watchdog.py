@@ -42,6 +42,7 @@ from oracle.engines.contract import (
     RunSpec,
     capabilities,
     run_generate,
+    start_parts,
 )
 from oracle.errors import EngineError, OracleError, engine_error
 from oracle.lifecycle.exit_trap import ENGINE_THREAD
@@ -213,6 +214,12 @@ class GuardedEngine:
     def eos_token_ids(self) -> tuple[int, ...]:
         """StopsAtEos: what a completion shorter than max_tokens must end with."""
         return self.capabilities.eos_token_ids
+
+    @property
+    def start_seconds(self) -> dict[str, float]:
+        """TimesItsStart: the parts of the engine's start it measured (empty where it declares none, or its
+        answer is not a mapping of names to finite numbers of seconds)."""
+        return start_parts(self.engine) if self.capabilities.start_timing else {}
 
     @property
     def op_packages(self) -> tuple[str, ...]:

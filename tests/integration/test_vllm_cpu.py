@@ -149,6 +149,10 @@ def test_oracle_finds_production_drift_and_oracle_kernels_hold(small_qwen3: Path
     engines = report.environment["engines"]
     assert engines["invariant"]["linear_kernel"] == "torch F.linear (aten mm) x18"  # every linear layer
     assert "aten::mm" in engines["invariant"]["covered_ops"]
+    for mode in ("invariant", "production"):  # where each worker's start went (TimesItsStart)
+        parts = {k.removeprefix(f"{mode}_engine_start_").removesuffix("_s") for k in report.timings
+                 if k.startswith(f"{mode}_engine_start_")}
+        assert {"import_vllm", "vllm_engine", "vllm_load_model", "worker_reads"} <= parts
     if checks["drift"].divergent == 0:
         pytest.xfail(f"production vLLM gave the solo bits in all {checks['drift'].trials} batched trials on this "
                      f"CPU ({cpu_label()}): no drift to find here")

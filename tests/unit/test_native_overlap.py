@@ -143,3 +143,32 @@ def test_describe_says_where_steps_overlap(tiny_qwen3: Path) -> None:
     assert _engine(on.decoder, "invariant", False).describe()["overlap_steps"] is False
     stops = _engine(on.decoder, "invariant", True, stop_at_eos=True)
     assert stops.eos_token_ids and stops.describe()["overlap_steps"] is False  # every step lands where EOS may stop
+
+
+@pytest.mark.parametrize(("max_num_seqs", "chunked", "block_size"), [(2, True, 1), (3, False, 16), (1, True, 4)])
+def test_fewer_slots_than_requests_whole_prompts_and_one_token_blocks(
+    tiny_qwen3: Path, max_num_seqs: int, chunked: bool, block_size: int,
+) -> None:
+    fields = {"max_num_seqs": max_num_seqs, "enable_chunked_prefill": chunked, "block_size": block_size,
+              "enable_prefix_caching": True}
+    serial = _engine(tiny_qwen3, "invariant", False, **fields)
+    overlapped = _engine(serial.decoder, "invariant", True, **fields)
+    reqs = _requests(11, count=6)
+    _same(serial.generate(reqs, 64), overlapped.generate(reqs, 64))
+
+
+def test_full_rows_are_read_when_queued(tiny_qwen3: Path) -> None:
+    """A CUDA graph's logits are overwritten by the next step before the step before lands: `logits: full`
+    rows are the ones the step sampled from, whatever happens to the logits after."""
+    import torch
+
+    from oracle.engines.native.sampler import queue_rows
+
+    logits = torch.randn(3, 50)
+    before = logits.clone()
+    pending = queue_rows(logits, [SamplingParams(logits="full"), SamplingParams(logits="none"),
+                                  SamplingParams(logits="full")], [None, None, None])
+    logits.fill_(0.0)  # the next step's replay
+    rows = pending.result()
+    assert sorted(rows.full) == [0, 2]
+    assert all((torch.from_numpy(rows.full[r]) == before[r]).all() for r in (0, 2))

@@ -10,10 +10,12 @@ tokens back. On CUDA, decode steps replay CUDA graphs (oracle/engines/native/gra
 option `cuda_graphs`, on by default there); prefill steps run eagerly.
 
 Steps overlap (engine option `overlap_steps`, on by default): the host schedules step N+1 and
-launches it before it reads step N's tokens, so the device never waits for the host's Python
-between two steps. A token sampled at step N stands in the sequence as `PENDING_TOKEN` until it
-lands; step N+1 takes it from step N's sampled rows on the device (`_Landing.fill`), so its inputs
-are the same numbers as a step-at-a-time run's, and so are its outputs. A step whose batch holds a
+launches it before it reads step N's tokens, so the device does not wait for the host's Python
+between two steps (the host still waits where a pass reads something back: an eager invariant
+attention pass reads its layout on the host, a new CUDA graph is captured after a sync). A token
+sampled at step N stands in the sequence as `PENDING_TOKEN` until it lands; step N+1 takes it
+from step N's sampled rows on the device (`_Landing.fill`), so its inputs are the same numbers as
+a step-at-a-time run's, and so are its outputs. A step whose batch holds a
 sequence that may stop at a token (`stop_at_eos`) lands before the scheduler records it, as does
 every step under per-op capture and at tensor parallel > 1.
 """
@@ -330,6 +332,8 @@ class NativeEngine:
         with torch.no_grad(), self._threads(), self._kernels(), self.decoder.fusing(fused):
             step = 0
             profile = self.profile
+            if profile is not None:
+                profile.drop_unread()
             while not scheduler.is_done():
                 if profile is not None:
                     profile.start()

@@ -64,6 +64,10 @@ class StepProfile:
     def start(self) -> None:
         self._t = time.perf_counter()
 
+    def drop_unread(self) -> None:
+        """Forget steps launched and never read (a generate call that raised): the next call's steps start afresh."""
+        self._pending.clear()
+
     def phase(self, name: str) -> None:
         now = time.perf_counter()
         self.host_s[name] += now - self._t

@@ -34,10 +34,17 @@ _FINGERPRINT_SEED = 0x5EED_D16E
 _ROWS_PER_PASS = 128  # bounds the [rows, vocab] int64 temporary of the fingerprint
 
 
-def to_device(values: array[int], device: torch.device) -> torch.Tensor:
-    """int64 `values` on `device`. On CUDA through pinned memory and without a wait: a copy from pageable
-    memory waits for everything queued on the stream, and the engine queues a step while the last one runs."""
-    host = torch.frombuffer(values, dtype=torch.int64) if len(values) else torch.empty(0, dtype=torch.int64)
+def to_device(values: array[int] | array[float], device: torch.device) -> torch.Tensor:
+    """`values` (an int64 "q" or float32 "f" array) on `device`. On CUDA through pinned memory and without a
+    wait: a copy from pageable memory waits for everything queued on the stream, and the engine queues a step
+    while the last one runs."""
+    dtype = torch.int64 if values.typecode == "q" else torch.float32
+    host = torch.frombuffer(values, dtype=dtype) if len(values) else torch.empty(0, dtype=dtype)
+    return _pinned(host, device)
+
+
+def _pinned(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on `device`; to CUDA through pinned memory, without a wait."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
@@ -102,8 +109,8 @@ def truncate(scaled: torch.Tensor, sampling: Sequence[SamplingParams]) -> torch.
         return scaled
     vocab = scaled.shape[-1]
     device = scaled.device
-    top_k = torch.tensor([s.top_k if 0 < s.top_k < vocab else vocab for s in sampling], device=device)  # [S]
-    top_p = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=device)  # [S]
+    top_k = to_device(array("q", [s.top_k if 0 < s.top_k < vocab else vocab for s in sampling]), device)  # [S]
+    top_p = to_device(array("f", [s.top_p for s in sampling]), device)  # [S] float32
     ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [S, vocab]
     rank = torch.arange(vocab, device=device)[None, :]  # [1, vocab]
     probs = torch.softmax(ordered, dim=-1)
@@ -123,10 +130,9 @@ def draw(
     if not drawn:
         return None
     device = logits.device
-    gumbel = torch.stack([_gumbel(g, logits.shape[-1]) for g in generators if g is not None])  # [S, vocab]
-    gumbel = gumbel.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else gumbel.to(device)
-    rows = to_device(array("q", drawn), device)
-    temperature = torch.tensor([sampling[i].temperature for i in drawn], dtype=torch.float32, device=device)
+    gumbel = _pinned(torch.stack([_gumbel(g, logits.shape[-1]) for g in generators if g is not None]), device)
+    rows = to_device(array("q", drawn), device)  # gumbel above: [S, vocab]
+    temperature = to_device(array("f", [sampling[i].temperature for i in drawn]), device)  # [S] float32
     scaled = truncate(logits[rows] / temperature[:, None], [sampling[i] for i in drawn])  # [S, vocab]
     tokens = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=device)
     tokens[rows] = torch.argmax(scaled + gumbel, dim=-1)
@@ -158,7 +164,7 @@ class PendingRows:
     host: torch.Tensor  # [R, 4 (+ lanes)] int64, filled by the queued copy
     copied: torch.cuda.Event | None  # recorded after the copy (CUDA); None where the copy already ran
     device_tokens: torch.Tensor  # [R] int64: the rows' tokens on the device (the next step's inputs)
-    full_logits: torch.Tensor | None  # [len(full_rows), vocab] float32: the `logits: full` rows, gathered when queued
+    full_logits: torch.Tensor | None  # [len(full_rows), vocab] float32 on the host: the `logits: full` rows (queued copy)
     digest_rows: list[int]
     full_rows: list[int]
 
@@ -169,7 +175,7 @@ class PendingRows:
         host = self.host.numpy()
         full: dict[int, Any] = {}
         if self.full_logits is not None:
-            copied = self.full_logits.cpu().numpy()
+            copied = self.full_logits.numpy()
             full = {row: copied[j] for j, row in enumerate(self.full_rows)}
         return SampledRows(
             tokens=host[:, 0].tolist(),
@@ -225,18 +231,21 @@ def queue_rows(
         lanes[index] = fingerprint(logits[index])
         columns.append(lanes)
     packed = torch.cat(columns, dim=1) if len(columns) > 1 else columns[0]
+    full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
+    # Gathered now: the logits may be a CUDA graph's output, which the next step overwrites before `result()`.
+    full = logits[to_device(array("q", full_rows), device)] if full_rows else None
     if before_copy is not None:
         before_copy()
     copied: torch.cuda.Event | None = None
     if device.type == "cuda":
-        host = packed.to("cpu", non_blocking=True)  # pinned by torch for a non-blocking copy to the host
+        # Pinned by torch for a non-blocking copy to the host; the event follows both copies on the logits' stream.
+        host = packed.to("cpu", non_blocking=True)
+        full = full.to("cpu", non_blocking=True) if full is not None else None
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(device))
     else:
         host = packed.cpu()
-    full_rows = [i for i, s in enumerate(sampling) if s.logits == "full"]
-    # Gathered now: the logits may be a CUDA graph's output, which the next step overwrites before `result()`.
-    full = logits[to_device(array("q", full_rows), device)] if full_rows else None
+        full = full.cpu() if full is not None else None
     return PendingRows(host, copied, packed[:, 0], full, digest_rows, full_rows)
 
 
