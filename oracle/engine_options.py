@@ -64,6 +64,11 @@ class VllmOptions(_Strict):
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on the CPU")
     seed: int = Field(0, description="vLLM's engine seed")
     audit: bool = Field(True, description="record which kernels the invariant worker's products reached")
+    start_together: bool = Field(
+        False, description="on a GPU, both modes' engines start at once, each with a KV cache sized from the config "
+                           "(max_num_seqs sequences of max_model_len tokens, within 40% of the GPU less the weights) "
+                           "instead of one measured from the free memory, which the other start would change; off: "
+                           "production's engine starts once invariant's is up (oracle.engines.vllm_memory)")
     start_timeout_s: float = Field(300.0, gt=0, description="seconds a worker may take to start")
     timeout_s: float = Field(600.0, gt=0, description="seconds one generate call may take")
     log_level: str = Field("WARNING", description="vLLM's logging level in the worker")

@@ -286,10 +286,14 @@ def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
 
 def _vllm_starts_together(cfg: EngineConfig) -> bool:
     """On a CPU: the two starts share nothing but the cores. On a GPU vLLM measures the free memory while it
-    starts, and would count the other start's allocations as its own."""
+    starts, and would count the other start's allocations as its own: only where it does not measure, its KV
+    cache given (`engine_args.kv_cache_memory_bytes`, or sized from the config with `start_together`)."""
     from oracle.models import memory
 
-    return memory.gpus_free() is None
+    if memory.gpus_free() is None:
+        return True
+    options = cfg.options_as(VllmOptions)
+    return options.start_together or "kv_cache_memory_bytes" in options.engine_args
 
 
 def _openai_starts_apart(cfg: EngineConfig) -> bool:

@@ -175,7 +175,7 @@ class VllmEngine:
             enable_chunked_prefill=config.enable_chunked_prefill, enable_prefix_caching=config.enable_prefix_caching,
             logprobs=options.logprobs, enforce_eager=options.enforce_eager, max_model_len=options.max_model_len,
             seed=options.seed, audit=options.audit, engine_args=engine_args,
-            tensor_parallel_size=tp, pipeline_parallel_size=pp,
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, fixed_kv_cache=options.start_together,
         )
         self.timeout_s = options.timeout_s
         self.start_timeout_s = options.start_timeout_s
@@ -242,6 +242,8 @@ class VllmEngine:
         }
         if "gpu_memory_utilization" in s.engine_args:  # set by the user, or halved beside the other mode's engine
             out["gpu_memory_utilization"] = s.engine_args["gpu_memory_utilization"]
+        if "kv_cache_memory_bytes" in info:  # a KV cache of a given size, not measured from the free memory
+            out["kv_cache_memory_bytes"] = info["kv_cache_memory_bytes"]
         if "posture" in info:
             out["posture"] = {**info["posture"], "engine_version": info.get("engine_version"),
                               "invariance_mechanism": out["invariance_mechanism"]}

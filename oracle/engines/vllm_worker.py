@@ -114,6 +114,7 @@ class WorkerSpec:
     engine_args: dict[str, Any] = field(default_factory=dict)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    fixed_kv_cache: bool = False  # on CUDA, kv_cache_memory_bytes from the config (oracle.engines.vllm_memory)
 
     @property
     def uses_oracle_kernels(self) -> bool:
@@ -202,6 +203,11 @@ class WorkerEngine:
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = spec.max_model_len
         kwargs.update(_mode_args(spec))
+        if spec.fixed_kv_cache and "kv_cache_memory_bytes" not in kwargs:
+            size = _fixed_kv_cache(spec)
+            if size is not None:
+                kwargs["kv_cache_memory_bytes"] = size
+        fixed_kv = kwargs.get("kv_cache_memory_bytes")
         try:
             args = EngineArgs(**kwargs)
         except TypeError as e:  # an engine_args key EngineArgs does not have
@@ -226,6 +232,8 @@ class WorkerEngine:
             "engine_version": vllm.__version__, "vocab_size": self.vocab_size,
             "max_model_len": int(self.engine.model_config.max_model_len),
         }
+        if fixed_kv is not None:  # given, or sized from the config (start_together): vLLM did not measure it
+            self.info["kv_cache_memory_bytes"] = fixed_kv if isinstance(fixed_kv, int) else str(fixed_kv)
         self.info.update(threads())
         ranks = self._ranks()
         self.info["ranks"] = ranks
@@ -423,6 +431,24 @@ class WorkerEngine:
                 top2 = (float(best[0]), float(best[1] if best.size > 1 else best[0]))
             assert t.out.top2 is not None
             t.out.top2.append(top2)
+
+
+def _fixed_kv_cache(spec: WorkerSpec) -> int | None:
+    """On CUDA: the KV cache this engine takes beside another one on the GPU (oracle.engines.vllm_memory); None
+    elsewhere (vLLM's CPU cache is `kv_cache_space_gib` already)."""
+    from pathlib import Path
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    import torch
+
+    from oracle.engines.vllm_memory import fixed_kv_cache_bytes
+
+    _, total = torch.cuda.mem_get_info()
+    return fixed_kv_cache_bytes(Path(spec.model), spec.dtype, spec.max_num_seqs, spec.max_model_len, total,
+                                spec.tensor_parallel_size)
 
 
 def _mode_args(spec: WorkerSpec) -> dict[str, Any]:
