@@ -311,7 +311,7 @@ class TimesForwardPasses(Protocol):
 
 @runtime_checkable
 class TimesItsStart(Protocol):
-    """Where its start went: `start_seconds` maps parts of it (`import_vllm`, `vllm_init_engine`, ...) to seconds,
+    """Where its start went: `start_seconds` maps parts of it (`import_vllm`, `vllm_engine`, ...) to seconds,
     read once after the engine is built; the report's timings hold each as `{mode}_engine_start_{part}_s`, beside
     the whole start (`{mode}_engine_start_s`), which the parts need not add up to."""
 

@@ -24,7 +24,7 @@ import importlib
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -38,56 +38,62 @@ from oracle.engines.vllm_tap import Scheduled, SchedulerTap
 _AUDIT_SAMPLING = SamplingParams(max_tokens=2, temperature=0.0, logits="none")
 
 # Parts of vLLM's start, timed by wrapping its methods while the engine is built: the part, then the module, class
-# and method (one a version lacks is left out). They nest: the KV cache's part holds the profile run and, on a
-# GPU, the graph capture; torch.compile, where on, runs inside the profile run.
+# and method (one a version lacks is left out). On CUDA vLLM 0.26 runs a dense model on its second model runner
+# (vllm/v1/worker/gpu/), older versions and the CPU on the first. They nest: the KV cache's part holds the
+# profile run and, on a GPU, the graph capture; torch.compile, where on, runs inside the profile run.
 VLLM_START_PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("vllm_load_model", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "load_model"),
+    ("vllm_load_model", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "load_model"),
     ("vllm_load_model", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model"),
     ("vllm_profile_run", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "profile_run"),
+    ("vllm_profile_run", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "profile_run"),
     ("vllm_graph_capture", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "capture_model"),
+    ("vllm_graph_capture", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "capture_model"),
     ("vllm_kv_cache_and_warmup", "vllm.v1.engine.core", "EngineCore", "_initialize_kv_caches"),
 )
+# Modules imported only on the platform they serve (importing them elsewhere may fail or set things up).
+_CPU_ONLY, _CUDA_ONLY = ("vllm.v1.worker.cpu_model_runner",), ("vllm.v1.worker.gpu.model_runner",)
 
 
-def _timed(original: Any, name: str, seconds: dict[str, float], depth: dict[str, int]) -> Any:
+def _timed(original: Any, name: str, seconds: dict[str, float], depth: dict[str, int],
+           clock: Callable[[], float]) -> Any:
     """`original` that adds its outermost calls' seconds to `seconds[name]`."""
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
         outermost = depth.get(name, 0) == 0  # a subclass's method that calls its parent's counts once
         depth[name] = depth.get(name, 0) + 1
-        began = time.perf_counter()
+        began = clock()
         try:
             return original(*args, **kwargs)
         finally:
             depth[name] -= 1
             if outermost:
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - began
+                seconds[name] = seconds.get(name, 0.0) + clock() - began
 
     return timed
 
 
 @contextlib.contextmanager
-def timed_vllm_parts(on_cpu: bool) -> Iterator[dict[str, float]]:
+def timed_vllm_parts(on_cpu: bool, clock: Callable[[], float] = time.perf_counter) -> Iterator[dict[str, float]]:
     """The seconds of `VLLM_START_PARTS` that run inside the block (vLLM's engine core in this process); the
-    methods are vLLM's own again after it. `on_cpu`: vLLM's CPU platform (its model runner module is imported
-    only there)."""
+    methods are vLLM's own again after it, whatever happens. `on_cpu`: vLLM's CPU platform."""
     seconds: dict[str, float] = {}
     depth: dict[str, int] = {}
     patched: list[tuple[type, str, Any]] = []
-    for name, module, class_name, method in VLLM_START_PARTS:
-        if "cpu_model_runner" in module and not on_cpu:
-            continue
-        try:
-            cls = getattr(importlib.import_module(module), class_name)
-        except Exception:  # noqa: BLE001 - a version without it: the part is left out
-            continue
-        original = cls.__dict__.get(method) if isinstance(cls, type) else None
-        if not callable(original):
-            continue
-        setattr(cls, method, _timed(original, name, seconds, depth))
-        patched.append((cls, method, original))
     try:
+        for name, module, class_name, method in VLLM_START_PARTS:
+            if module in (_CUDA_ONLY if on_cpu else _CPU_ONLY):
+                continue
+            try:
+                cls = getattr(importlib.import_module(module), class_name)
+            except Exception:  # noqa: BLE001 - a version without it: the part is left out
+                continue
+            original = cls.__dict__.get(method) if isinstance(cls, type) else None
+            if not callable(original):
+                continue
+            setattr(cls, method, _timed(original, name, seconds, depth, clock))
+            patched.append((cls, method, original))
         yield seconds
     finally:
         for cls, method, original in reversed(patched):
@@ -203,15 +209,15 @@ class WorkerEngine:
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = spec.max_model_len
         kwargs.update(_mode_args(spec))
-        if spec.fixed_kv_cache and "kv_cache_memory_bytes" not in kwargs:
-            size = _fixed_kv_cache(spec)
-            if size is not None:
-                kwargs["kv_cache_memory_bytes"] = size
-        fixed_kv = kwargs.get("kv_cache_memory_bytes")
         try:
             args = EngineArgs(**kwargs)
         except TypeError as e:  # an engine_args key EngineArgs does not have
             raise WorkerConfigError(str(e)) from e
+        if spec.fixed_kv_cache and "kv_cache_memory_bytes" not in kwargs:
+            size = _fixed_kv_cache(spec, args)
+            if size is not None:
+                args.kv_cache_memory_bytes = size
+        fixed_kv = getattr(args, "kv_cache_memory_bytes", None)
         # Invariant mode's kernels come from oracle's vLLM plugin (oracle.engines.vllm_plugin), which vLLM runs
         # in this process and in every rank it starts; the environment (ORACLE_VLLM_KERNELS) asks for them.
         from vllm.platforms import current_platform
@@ -433,22 +439,26 @@ class WorkerEngine:
             t.out.top2.append(top2)
 
 
-def _fixed_kv_cache(spec: WorkerSpec) -> int | None:
-    """On CUDA: the KV cache this engine takes beside another one on the GPU (oracle.engines.vllm_memory); None
-    elsewhere (vLLM's CPU cache is `kv_cache_space_gib` already)."""
+def _fixed_kv_cache(spec: WorkerSpec, args: Any) -> int | None:
+    """On CUDA: the KV cache this engine takes beside another one on the GPU (oracle.engines.vllm_memory), for the
+    max_model_len vLLM derives; None elsewhere (vLLM's CPU cache is `kv_cache_space_gib` already)."""
     from pathlib import Path
 
     from vllm.platforms import current_platform
 
     if not current_platform.is_cuda():
         return None
-    import torch
-
     from oracle.engines.vllm_memory import fixed_kv_cache_bytes
+    from oracle.models.memory import gpu_total
 
-    _, total = torch.cuda.mem_get_info()
-    return fixed_kv_cache_bytes(Path(spec.model), spec.dtype, spec.max_num_seqs, spec.max_model_len, total,
-                                spec.tensor_parallel_size)
+    total = gpu_total()
+    if total is None:
+        return None
+    max_len: int | None = spec.max_model_len
+    with contextlib.suppress(Exception):  # vLLM raises its own error for the config when it builds the engine
+        max_len = int(args.create_model_config().max_model_len)  # what vLLM will serve, rope scaling and all
+    return fixed_kv_cache_bytes(Path(spec.model), str(args.dtype), spec.max_num_seqs, max_len, total,
+                                spec.tensor_parallel_size, int(getattr(args, "block_size", None) or 16))
 
 
 def _mode_args(spec: WorkerSpec) -> dict[str, Any]:

@@ -85,12 +85,40 @@ def cuda_free(device: str) -> Memory | None:
     return Memory(int(free), f"free memory of {device}")
 
 
+class _Info(ctypes.Structure):
+    """NVML's nvmlMemory_t."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def gpu_total() -> int | None:
+    """Total memory of the first GPU this process may use (CUDA_VISIBLE_DEVICES' first entry, else GPU 0), read
+    through NVML: no CUDA context in this process. None without NVML or that GPU."""
+
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    try:
+        handle = ctypes.c_void_p()
+        info = _Info()
+        found = (nvml.nvmlDeviceGetHandleByIndex_v2(int(first), ctypes.byref(handle)) if first.isdigit()
+                 else nvml.nvmlDeviceGetHandleByUUID(first.encode(), ctypes.byref(handle)))
+        if found != 0 or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(info)) != 0:
+            return None
+        return int(info.total)
+    except AttributeError:
+        return None
+    finally:
+        nvml.nvmlShutdown()
+
+
 def gpus_free() -> Memory | None:
     """Free memory of every NVIDIA GPU together, read through NVML: no CUDA context in this process (a
     worker process of its own, such as vLLM's, takes the devices). None without NVML or GPUs."""
-
-    class _Info(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")

@@ -62,15 +62,22 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type:
         ("gone", "no_such_module_here", "X", "y"),  # a version without it: left out
         ("gone", "fake_vllm_runner", "Runner", "absent"),
     ))
-    ticks = iter(range(100))
-    monkeypatch.setattr(vllm_worker.time, "perf_counter", lambda: float(next(ticks)))
     return Sub
 
 
 def test_vllm_parts_count_a_nested_call_once_and_give_the_methods_back(fake_vllm: type) -> None:
     sub_load, runner_load = fake_vllm.__dict__["load"], fake_vllm.__mro__[1].__dict__["load"]
-    with vllm_worker.timed_vllm_parts(on_cpu=True) as seconds:
+    ticks = iter(range(100))
+    with vllm_worker.timed_vllm_parts(on_cpu=True, clock=lambda: float(next(ticks))) as seconds:
         assert fake_vllm().load() == "sub+runner"
     # The clock ticks once per read: the outer call's start (0), the inner's (1), the outer's end (2).
     assert seconds == {"load": 2.0}
     assert fake_vllm.__dict__["load"] is sub_load and fake_vllm.__mro__[1].__dict__["load"] is runner_load
+
+
+def test_vllm_parts_are_given_back_when_the_build_raises(fake_vllm: type) -> None:
+    sub_load = fake_vllm.__dict__["load"]
+    with pytest.raises(RuntimeError), vllm_worker.timed_vllm_parts(on_cpu=False):
+        assert fake_vllm.__dict__["load"] is not sub_load  # wrapped meanwhile
+        raise RuntimeError("vLLM failed to build")
+    assert fake_vllm.__dict__["load"] is sub_load

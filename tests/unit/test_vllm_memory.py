@@ -27,7 +27,7 @@ def _model(tmp_path: Path, weights: int = 0, **config: object) -> Path:
 def test_bytes_per_token_count_every_layers_keys_and_values(tmp_path: Path) -> None:
     model = _model(tmp_path)
     assert kv_bytes_per_token(model, "bfloat16") == 4 * 2 * 8 * 64 * 2
-    assert kv_bytes_per_token(model, "float32") == 4 * 2 * 8 * 64 * 4
+    assert kv_bytes_per_token(model, "float32") == kv_bytes_per_token(model, "float") == 4 * 2 * 8 * 64 * 4
     assert kv_bytes_per_token(model, "auto") == 4 * 2 * 8 * 64 * 2  # the checkpoint's bf16
     assert kv_bytes_per_token(model, "bfloat16", tensor_parallel_size=2) == 4 * 2 * 4 * 64 * 2
     assert kv_bytes_per_token(model, "bfloat16", tensor_parallel_size=16) == 4 * 2 * 1 * 64 * 2  # a head each
@@ -41,16 +41,19 @@ def test_head_size_and_a_nested_text_config(tmp_path: Path) -> None:
 
 def test_the_size_is_what_the_sequences_need_within_the_share(tmp_path: Path) -> None:
     model = _model(tmp_path, weights=1000)
-    per_token = kv_bytes_per_token(model, "bfloat16")
+    block = 16 * kv_bytes_per_token(model, "bfloat16")  # vLLM's default block of 16 tokens
     assert weight_bytes(model) == 1000 and weight_bytes(model, 2) == 500
-    # Room enough: every sequence at full length.
-    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1024, 80 * GIB) == 8 * 1024 * per_token
+    # Room enough: every sequence at full length, in whole blocks, and vLLM's null block.
+    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1024, 80 * GIB) == (8 * 64 + 1) * block
+    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1000, 80 * GIB) == (8 * 63 + 1) * block  # 1000 -> 63 blocks
+    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1000, 80 * GIB, block_size=32) == (8 * 32 + 1) * 2 * block
     # max_model_len unset: the config's max_position_embeddings.
-    assert fixed_kv_cache_bytes(model, "bfloat16", 8, None, 80 * GIB) == 8 * 2048 * per_token
-    # Too many sequences for the share: the share, less the weights and the margin.
-    assert fixed_kv_cache_bytes(model, "bfloat16", 100_000, 1024, 80 * GIB) == int(80 * GIB * SHARE) - 1000 - MARGIN
-    # Not even one sequence fits: one (vLLM refuses less, and says so).
-    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1024, 2 * GIB) == 1024 * per_token
+    assert fixed_kv_cache_bytes(model, "bfloat16", 8, None, 80 * GIB) == (8 * 128 + 1) * block
+    # Too many sequences for the share: the share, less the weights and the margin, in whole blocks.
+    room = int(80 * GIB * SHARE) - 1000 - MARGIN
+    assert fixed_kv_cache_bytes(model, "bfloat16", 100_000, 1024, 80 * GIB) == room // block * block
+    # Not even one sequence fits: one and the null block (vLLM refuses less, and says so).
+    assert fixed_kv_cache_bytes(model, "bfloat16", 8, 1024, 2 * GIB) == 65 * block
 
 
 def test_two_vllm_engines_start_together_on_a_gpu_only_where_neither_measures(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,6 +66,10 @@ def test_two_vllm_engines_start_together_on_a_gpu_only_where_neither_measures(mo
         "engine_args": {"kv_cache_memory_bytes": 4 * GIB}}})
     monkeypatch.setattr(memory, "gpus_free", lambda: memory.Memory(80 * GIB, "GPU memory"))
     assert not together(measured) and together(fixed) and together(given)
+    beside = BUILTIN["vllm"].beside  # a given cache: the share is only what vLLM checks is free as it starts
+    assert beside(measured).options["engine_args"]["gpu_memory_utilization"] == 0.45
+    assert beside(fixed).options["engine_args"]["gpu_memory_utilization"] == 0.1
+    assert beside(given).options["engine_args"]["gpu_memory_utilization"] == 0.1
     monkeypatch.setattr(memory, "gpus_free", lambda: None)
     assert together(measured)  # a CPU: always
 
