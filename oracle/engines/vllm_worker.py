@@ -451,9 +451,11 @@ def _fixed_kv_cache(spec: WorkerSpec, args: Any) -> int | None:
     from oracle.engines.vllm_memory import fixed_kv_cache_bytes
     from oracle.models.memory import gpu_total
 
-    total = gpu_total()
+    total = gpu_total()  # through NVML: no CUDA context in this process before vLLM makes its own
     if total is None:
-        return None
+        import torch
+
+        total = int(torch.cuda.mem_get_info()[1])
     max_len: int | None = spec.max_model_len
     with contextlib.suppress(Exception):  # vLLM raises its own error for the config when it builds the engine
         max_len = int(args.create_model_config().max_model_len)  # what vLLM will serve, rope scaling and all
