@@ -223,3 +223,25 @@ def test_shared_prefix_and_short_budget_probes_form_on_vllm(small_qwen3: Path, t
     assert evidence.evidence == "verified", evidence.why
     formed = {f"{p.probe}:{s.side}": [probe[t] for t in s.formed] for p in evidence.probes for s in p.sides}
     assert formed == {key: [key] for key in probe.values()}
+
+
+def test_the_workers_rows_are_vllms_own_logprobs(small_qwen3: Path, tmp_path: Path) -> None:
+    """The worker reads each step's logprob arrays before vLLM's output processor and hands that processor none
+    (it made Python lists of every filler's row, as wide as the widest request's). Whatever it gives must be what
+    vLLM's own lists hold, bit for bit: tokens, sampled-token logprobs, top-2, full rows and digests, for a full and
+    a digest target among fillers asking for 5 (tests/support/vllm_own_lists.py runs both in one engine)."""
+    import pickle
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "support" / "vllm_own_lists.py"
+    out = tmp_path / "rows.pkl"
+    subprocess.run([sys.executable, str(script), str(small_qwen3), str(out)], check=True, timeout=600,
+                   cwd=tmp_path, capture_output=True)
+    got = pickle.loads(out.read_bytes())
+    worker, own = got["worker"], got["vllm"]
+    assert worker.keys() == own.keys() and len(worker) == 12
+    assert sum(len(w["rows"]) for w in worker.values()) == 6 and len(worker["digest"]["digests"]) == 5
+    for rid, w in worker.items():
+        assert len(w["tokens"]) > 0
+        assert w == own[rid], rid
