@@ -14,9 +14,10 @@ from oracle.errors import ConfigError
 def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
     """The `bench` subcommand's parser, under `sub` (the CLI's subparsers)."""
     b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
-    b.add_argument("what", nargs="?", default=None,
-                   help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), or a config file "
-                        "to time in both modes (omit with --workload)")
+    b.add_argument("what", nargs="*", default=[],
+                   help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), 'verdict CONFIG[@SEED] "
+                        "...' (whole `oracle run`s to a verdict, timed), or a config file to time in both modes (omit "
+                        "with --workload)")
     b.add_argument("--workload", default=None, help="a named native-engine workload instead of a config: 'seed'")
     b.add_argument("--warmup", type=int, default=1, help="untimed rounds per mode (default 1)")
     b.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
@@ -44,6 +45,14 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
     b.add_argument("--trials", type=trials_type, default=None, help="memory: trials to run (default 1000)")
+    b.add_argument("--runs", type=int, default=2, help="verdict: runs of each config, in turn (default 2: the second "
+                   "on the caches the first left)")
+    b.add_argument("--run-timeout", type=float, default=None, metavar="S",
+                   help="verdict: seconds one run may take before it is stopped with SIGTERM (default 600)")
+    b.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
+                   help="verdict: passed to every `oracle run` (repeatable)")
+    b.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="verdict: keep each run's report folder and log under DIR (default: a temporary folder)")
 
 
 def _bench_workload(args: argparse.Namespace) -> int:
@@ -79,16 +88,24 @@ def command(args: argparse.Namespace) -> int:
     from oracle.bench import bench_config, bench_kernels
 
     if args.workload is not None:
-        if args.what is not None:
+        if args.what:
             raise ConfigError("bench: give a config or --workload, not both")
         return _bench_workload(args)
-    if args.what is None:
-        raise ConfigError("bench: give 'kernels', a config file, or --workload NAME")
-    if args.what == "kernels":
+    if not args.what:
+        raise ConfigError("bench: give 'kernels', 'memory', 'verdict CONFIG...', a config file, or --workload NAME")
+    what, *more = args.what
+    if what == "verdict":
+        from oracle.bench_verdict import RUN_TIMEOUT_S, bench_verdict
+
+        return bench_verdict(more, runs=args.runs, timeout_s=args.run_timeout or RUN_TIMEOUT_S,
+                             settings=args.settings, json_path=args.json, keep=args.keep)
+    if more:
+        raise ConfigError(f"bench {what}: takes no further arguments, got {' '.join(more)!r}")
+    if what == "kernels":
         return bench_kernels(args.dtype, args.json, quick=args.quick)
-    if args.what == "memory":
+    if what == "memory":
         from oracle.bench import bench_memory
 
         return bench_memory(args.json, trials=args.trials if args.trials is not None else 1000,
                             device=args.device or "cpu")
-    return bench_config(args.what, args.json, warmup=args.warmup, rounds=args.rounds)
+    return bench_config(what, args.json, warmup=args.warmup, rounds=args.rounds)

@@ -1,0 +1,69 @@
+"""`oracle bench verdict`: whole `oracle run`s of configs, timed, each row read from the run's own report.
+
+Real runs of the tiny config (a few seconds each); the figures are not asserted, only what each row says: the
+checks' verdicts and timings from the report, a run past its limit stopped and read from its interrupted report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oracle.bench_verdict import parse_targets, start_parts
+from oracle.cli import main
+from oracle.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def test_targets_take_a_seed_after_at() -> None:
+    one, two = parse_targets([str(TINY), f"{TINY}@7"])
+    assert (one.seed, two.seed, two.config, two.name) == (None, 7, TINY, "tiny@7")
+
+
+@pytest.mark.parametrize(("spec", "message"), [("nope.yaml", "no such config file"),
+                                               (f"{TINY}@x", "whole number")])
+def test_a_bad_target_is_a_config_error(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_targets([spec])
+    assert main(["bench", "verdict", spec]) == 2
+
+
+def test_a_bench_that_takes_no_further_arguments_refuses_them() -> None:
+    assert main(["bench", "kernels", "extra"]) == 2
+
+
+def test_start_parts_name_each_part_not_the_whole() -> None:
+    timings = {"invariant_engine_start_s": 9.0, "invariant_engine_start_import_vllm_s": 3.8,
+               "production_engine_start_vllm_engine_s": 4.9, "invariant_trials_s": 2.0}
+    assert start_parts(timings) == "invariant: import_vllm 3.8s; production: vllm_engine 4.9s"
+
+
+def test_each_run_is_read_from_its_report(model_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "verdict.json"
+    code = main(["bench", "verdict", f"{TINY}@1", "--runs", "1", "--json", str(out), "--keep", str(tmp_path / "runs")])
+    assert code == 0
+    data = json.loads(out.read_text())
+    (row,) = data["rows"]
+    assert (row["seed"], row["exit_code"], row["stopped_at_limit"], row["complete"]) == (1, 0, False, True)
+    assert row["checks"]["invariance"] == "pass" and row["timings"]["invariant_trials_s"] > 0
+    report = json.loads((Path(row["report_dir"]) / "report.json").read_text())
+    assert report["seed"] == 1 and report["timings"] == row["timings"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("machine: ") and "tiny@1 run 1:" in printed and "where the time went:" in printed
+
+
+def test_a_run_past_its_limit_is_stopped_and_read_from_its_interrupted_report(model_cache: Path,
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "verdict.json"
+    # 10,000 trials (about 3 minutes here) do not end within the limit; --set reaches every run.
+    code = main(["bench", "verdict", str(TINY), "--runs", "1", "--run-timeout", "8", "--set", "schedule.trials=10000",
+                 "--json", str(out), "--keep", str(tmp_path / "runs")])
+    assert code == 1
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["stopped_at_limit"] and row["exit_code"] != 0
+    assert row["complete"] is False  # the report the run wrote as it stopped, not a verdict
+    assert json.loads((Path(row["report_dir"]) / "report.json").read_text())["complete"] is False
