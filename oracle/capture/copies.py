@@ -6,6 +6,7 @@ block table names (the table renumbered to match), so a 40 GB cache costs only w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,9 +16,40 @@ from torch.utils._pytree import tree_flatten, tree_map
 BLOCK_TABLE_ARGS = ("block_table", "block_tables", "page_table")
 
 
+@functools.cache
+def arg_names(func: Any) -> tuple[str, ...]:
+    """An op's argument names, from its schema (cached: asked on every captured op)."""
+    return tuple(a.name for a in func._schema.arguments)
+
+
 def named_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """An op call's arguments by their schema names."""
-    return dict(zip((a.name for a in func._schema.arguments), args, strict=False)) | dict(kwargs)
+    named = dict(zip(arg_names(func), args, strict=False))
+    if kwargs:
+        named.update(kwargs)
+    return named
+
+
+def flat_leaves(tree: Any) -> list[Any]:
+    """`tree_flatten(tree)[0]`, what an op call's arguments or results hold, in the same order: plain tuples, lists
+    and dicts walked here (an op's arguments are these), anything else (torch.Size, a named tuple) by pytree.
+
+    No closure and no reference cycle: the leaves are tensors, and the capture's bookkeeping (weak maps keyed by
+    tensors) must see each one die when the model drops it, not when the cyclic garbage collector runs."""
+    out: list[Any] = []
+    stack: list[Any] = [tree]
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if kind is tuple or kind is list:
+            stack.extend(reversed(x))
+        elif kind is dict:
+            stack.extend(reversed(list(x.values())))
+        elif isinstance(x, (tuple, list, dict)):
+            out.extend(tree_flatten(x)[0])
+        else:
+            out.append(x)
+    return out
 
 
 # A copy larger than this is refused: confirming must not take the device's memory.
@@ -85,7 +117,7 @@ def clone_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tupl
     named = named_args(func, args, kwargs)
     replaced = _compacted(named)
     by_id = {id(named[a]): t for a, t in replaced.items()}
-    size = sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs))[0]
+    size = sum(t.numel() * t.element_size() for t in flat_leaves((args, kwargs))
                if isinstance(t, torch.Tensor) and id(t) not in by_id)
     if size > MAX_COPY_BYTES:
         raise RuntimeError(f"{size / 2**30:.1f} GiB of inputs, over the {MAX_COPY_BYTES >> 30} GiB limit")

@@ -32,10 +32,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from oracle.capture.copies import block_table, clone_inputs, named_args
+from oracle.capture.copies import arg_names, block_table, clone_inputs, flat_leaves, named_args
 from oracle.capture.state import OpState
 from oracle.capture.target_rows import fits, is_paged_cache, kv_place, kv_rows, row_base, select_rows
 from oracle.engines.contract import Completion, PassLayout
@@ -126,17 +125,22 @@ def op_base_name(func: Any) -> str:
 
 def written_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """The tensors the op writes, by argument name (schema alias `(a!)`), including lists of them."""
-    named = named_args(func, args, kwargs)
     out: list[tuple[str, torch.Tensor]] = []
-    for a in func._schema.arguments:
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = named.get(a.name)
+    for i, name in _write_args(func):
+        value = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(value, torch.Tensor):
-            out.append((a.name, value))
+            out.append((name, value))
         elif isinstance(value, (list, tuple)):
-            out.extend((f"{a.name}.{i}", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
+            out.extend((f"{name}.{j}", t) for j, t in enumerate(value) if isinstance(t, torch.Tensor))
     return out
+
+
+@functools.cache
+def _write_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of each argument the op's schema says it writes (cached: asked on every captured op)."""
+    names = arg_names(func)
+    return tuple((i, names[i]) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 def reads_written(func: Any, arg: str) -> bool:
@@ -249,7 +253,7 @@ class RowCapture(TorchDispatchMode):
             return _call(func, args, kwargs, bypassed)
         module, name = self.module_path(), str(func)
         key: OpKey = (module, name, self._count(module, name))
-        flat_in, _ = tree_flatten((args, kwargs))
+        flat_in = flat_leaves((args, kwargs))
         written = written_args(func, args, kwargs)
         producers = self._producers_of(func, flat_in, written)
         if self.snapshot_at is not None and self.snapshot is None and _same_call(
@@ -425,7 +429,7 @@ def _call(func: Any, args: Any, kwargs: dict[str, Any], bypassed: bool) -> Any:
 
 def _tensors(out: Any) -> list[torch.Tensor]:
     """The tensors in an op's result (a tensor, or a nest of them)."""
-    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return [t for t in flat_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _call_plain(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:

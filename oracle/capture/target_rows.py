@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, TypeGuard
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from oracle.capture.copies import flat_leaves
 from oracle.engines.contract import Grid, PassLayout
 
 
@@ -72,7 +72,7 @@ def kv_slots(args: Any, kwargs: dict[str, Any], grid: Grid) -> torch.Tensor | No
     """The target's cache slots in a KV write: its rows of the call's row-aligned integer index argument."""
     if len(grid.shape) != 1:
         return None
-    slots = next((t for t in tree_flatten((args, kwargs))[0] if _is_index(t, grid.shape[0])), None)
+    slots = next((t for t in flat_leaves((args, kwargs)) if _is_index(t, grid.shape[0])), None)
     if slots is None:
         return None
     mine = select_rows(slots, grid)
