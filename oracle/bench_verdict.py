@@ -5,7 +5,7 @@ whatever caches the machine holds, the next on what the first left: vLLM's compi
 A run past its limit is stopped with SIGTERM, as CI's own limit would, and read from the report it writes as it
 stops (an interrupted report keeps the timings of the phases it finished). One row per run: wall clock, exit code,
 each check's verdict, the first localized op, and where the time went (the report's own line, each engine's start
-parts beside it), under the machine line. `--json` keeps it all, for docs/results.
+parts and the localizations' parts beside it), under the machine line. `--json` keeps it all, for docs/results.
 """
 
 from __future__ import annotations
@@ -111,11 +111,12 @@ def read_report(path: Path) -> dict[str, Any]:
             "timings": report.get("timings") or {}}
 
 
-def start_parts(timings: dict[str, Any]) -> str:
-    """`invariant: import_vllm 7.5s, vllm_engine 3.8s; production: ...` from `{mode}_engine_start_{part}_s`."""
+def start_parts(timings: dict[str, Any], phase: str = "engine_start") -> str:
+    """`invariant: import_vllm 7.5s, vllm_engine 3.8s; production: ...` from `{mode}_{phase}_{part}_s` (the engines'
+    start parts; with `phase` "localize", the localizations' parts)."""
     out = []
     for mode in ("invariant", "production"):
-        prefix = f"{mode}_engine_start_"
+        prefix = f"{mode}_{phase}_"
         parts = [f"{k[len(prefix):-2]} {v:.1f}s" for k, v in timings.items()
                  if k.startswith(prefix) and k.endswith("_s") and len(k) > len(prefix) + 2
                  and isinstance(v, (int, float))]
@@ -176,9 +177,10 @@ def _print_row(target: Target, row: dict[str, Any], where: str | None) -> None:
         print(f"  localized: {row['localized']}", flush=True)
     if where:
         print(f"  {where}", flush=True)
-    parts = start_parts(row.get("timings") or {})
-    if parts:
-        print(f"  engine start parts: {parts}", flush=True)
+    for phase, label in (("engine_start", "engine start parts"), ("localize", "localize parts")):
+        parts = start_parts(row.get("timings") or {}, phase)
+        if parts:
+            print(f"  {label}: {parts}", flush=True)
     if "log_tail" in row:
         print("  no report; the run's output ended with:\n    " + row["log_tail"][-600:].replace("\n", "\n    "),
               flush=True)

@@ -32,6 +32,7 @@ from oracle.engines.contract import (
     Engine,
     Mode,
     RunSpec,
+    localize_parts,
     start_parts,
 )
 from oracle.errors import EngineError, OracleError
@@ -392,6 +393,11 @@ class ModeExecution:
             self.localize_notes.append(f"localize {key}: {type(e).__name__}: {e}")
             self.observer.outcome(f"trial {key}: not localized ({type(e).__name__}: {e})")
         finally:
+            # TimesItsLocalize: the call's parts, summed over the mode's localizations (`{mode}_localize_{part}_s`).
+            with contextlib.suppress(Exception):
+                for part, seconds in localize_parts(self.engine).items():
+                    name = f"localize_{part}"
+                    self.clock.seconds[name] = self.clock.seconds.get(name, 0.0) + seconds
             self.observer.done()
 
     def run_again(self, label: str, build: Callable[[], Engine], trials: Sequence[Trial],

@@ -9,7 +9,9 @@ run's captured inputs (confirmation), and `repro/` written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,20 +36,42 @@ def capture_run(capture: CaptureFn, spec: RunSpec, rows: RowCapture | None = Non
 
 
 def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eager: bool | None = None,
-                  repro_dir: Path | None = None, imports: Sequence[str] = ()) -> LocalizedOp | None:
-    """Capture both runs with `capture`, name the op (or the cache, or a bound), confirm it, write repro/."""
-    exp = capture_run(capture, expected)
-    act = capture_run(capture, actual)
-    prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
-    finding = localize_captured(exp, act, eager=eager, target_prompt_len=prompt_len)
+                  repro_dir: Path | None = None, imports: Sequence[str] = (),
+                  seconds: dict[str, float] | None = None) -> LocalizedOp | None:
+    """Capture both runs with `capture`, name the op (or the cache, or a bound), confirm it, write repro/.
+    `seconds`, where given, gains where the time went (TimesItsLocalize's parts): `capture` (both runs), `rule`,
+    `confirm` (both runs again with the op's inputs copied, the op alone on each) and `repro`."""
+    clock = _Parts(seconds)
+    with clock("capture"):
+        exp = capture_run(capture, expected)
+        act = capture_run(capture, actual)
+    with clock("rule"):
+        prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
+        finding = localize_captured(exp, act, eager=eager, target_prompt_len=prompt_len)
     if finding.op is None or finding.op.status != "localized" or finding.actual_call is None:
         return finding.op
     del exp, act
-    return confirm_alone(capture, expected, actual, finding, repro_dir, imports)
+    return confirm_alone(capture, expected, actual, finding, repro_dir, imports, clock)
+
+
+class _Parts:
+    """`with parts("name"): ...` adds the block's seconds to `seconds[name]` (nothing where `seconds` is None)."""
+
+    def __init__(self, seconds: dict[str, float] | None) -> None:
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.seconds is not None:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, finding: Finding, repro_dir: Path | None,
-            imports: Sequence[str] = ()) -> LocalizedOp:
+                  imports: Sequence[str] = (), clock: _Parts | None = None) -> LocalizedOp:
     """Run the named op alone on the inputs it got in each run (captured again, whole), in the state it ran in
     inside the engine, and compare the target's rows with the engine's (`oracle.capture.confirm.verdict`)."""
     from oracle.capture.confirm import (
@@ -58,28 +82,34 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
         verdict,
     )
 
+    clock = clock or _Parts(None)
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
     assert op is not None and a_call is not None
     if e_call is None:
         return replace(op, confirmation="not checked", confirm_note="the op did not run in the solo run")
-    e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key))).snapshot
-    a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key))).snapshot
-    if e is None or a is None:
-        return replace(op, confirmation="not checked", confirm_note="the op's inputs were not captured again in the rerun")
-    depends = differing_quantities(launch_quantities(e), launch_quantities(a))
-    moved = row_inputs_differ(e, a, op.positions)
-    if moved:  # an input the capture could not follow already differed at the target's rows
-        return _upstream(op, moved, depends)
-    try:
-        alone = (run_alone(e, e_call.grid, e_call.kind), run_alone(a, a_call.grid, a_call.kind))
-    except Exception as err:  # an op that needs its engine's context (a forward context, a stream) to run
-        return replace(op, confirmation="not checked", depends_on=depends,
-                       confirm_note=f"the op could not run alone: {type(err).__name__}: {err}")
-    engine_rows = (dict(zip(e_call.positions, e_call.rows, strict=True)),
-                   dict(zip(a_call.positions, a_call.rows, strict=True)))
-    status, note = verdict(op.positions, alone, engine_rows, _how_it_ran(e, a))
-    op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
-    return op if repro_dir is None else _with_repro(op, repro_dir, (e, a), (e_call, a_call), imports)
+    with clock("confirm"):
+        e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key))).snapshot
+        a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key))).snapshot
+        if e is None or a is None:
+            return replace(op, confirmation="not checked",
+                           confirm_note="the op's inputs were not captured again in the rerun")
+        depends = differing_quantities(launch_quantities(e), launch_quantities(a))
+        moved = row_inputs_differ(e, a, op.positions)
+        if moved:  # an input the capture could not follow already differed at the target's rows
+            return _upstream(op, moved, depends)
+        try:
+            alone = (run_alone(e, e_call.grid, e_call.kind), run_alone(a, a_call.grid, a_call.kind))
+        except Exception as err:  # an op that needs its engine's context (a forward context, a stream) to run
+            return replace(op, confirmation="not checked", depends_on=depends,
+                           confirm_note=f"the op could not run alone: {type(err).__name__}: {err}")
+        engine_rows = (dict(zip(e_call.positions, e_call.rows, strict=True)),
+                       dict(zip(a_call.positions, a_call.rows, strict=True)))
+        status, note = verdict(op.positions, alone, engine_rows, _how_it_ran(e, a))
+        op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
+    if repro_dir is None:
+        return op
+    with clock("repro"):
+        return _with_repro(op, repro_dir, (e, a), (e_call, a_call), imports)
 
 
 def _upstream(op: LocalizedOp, moved: list[str], depends: dict[str, list[Any]]) -> LocalizedOp:

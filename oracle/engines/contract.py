@@ -318,10 +318,28 @@ class TimesItsStart(Protocol):
     start_seconds: Mapping[str, float]
 
 
+@runtime_checkable
+class TimesItsLocalize(Protocol):
+    """Where its last `localize` call went: `localize_seconds` maps parts of it (`capture`, `rule`, `confirm`,
+    `repro`, `eager_twin_start`, ...) to seconds, read after each call; the report's timings hold their sums over a
+    mode's localizations as `{mode}_localize_{part}_s`, beside the whole (`{mode}_localize_s`)."""
+
+    localize_seconds: Mapping[str, float]
+
+
 def start_parts(engine: object) -> dict[str, float]:
     """TimesItsStart's `start_seconds` of `engine`, its names and finite non-negative seconds only (empty for an
     engine without it, or one whose answer is not such a mapping)."""
-    parts = getattr(engine, "start_seconds", None)
+    return _seconds(engine, "start_seconds")
+
+
+def localize_parts(engine: object) -> dict[str, float]:
+    """TimesItsLocalize's `localize_seconds` of `engine`, as `start_parts` reads `start_seconds`."""
+    return _seconds(engine, "localize_seconds")
+
+
+def _seconds(engine: object, name: str) -> dict[str, float]:
+    parts = getattr(engine, name, None)
     if not isinstance(parts, Mapping):
         return {}
     return {str(k): float(v) for k, v in parts.items()
@@ -349,6 +367,7 @@ class Capabilities:
     op_packages: tuple[str, ...] = ()  # DeclaresOpPackages
     forward_timing: bool = False  # TimesForwardPasses
     start_timing: bool = False  # TimesItsStart
+    localize_timing: bool = False  # TimesItsLocalize
 
     @property
     def localizes(self) -> bool:
@@ -381,6 +400,7 @@ def capabilities(engine: object) -> Capabilities:
         op_packages=(packages,) if isinstance(packages, str) else tuple(str(p) for p in packages),
         forward_timing=isinstance(engine, TimesForwardPasses),
         start_timing=isinstance(engine, TimesItsStart),
+        localize_timing=isinstance(engine, TimesItsLocalize),
     )
 
 

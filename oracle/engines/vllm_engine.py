@@ -185,6 +185,7 @@ class VllmEngine:
         # compiled worker parked meanwhile and started again only when a request needs it (`_live`).
         self._twin: _Worker | None = None
         self._closed = False
+        self.localize_seconds: dict[str, float] = {}  # TimesItsLocalize: the last localize call's parts
         self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         self._info = self._worker.info  # what the worker found at start; describe() works after close()
 
@@ -291,6 +292,7 @@ class VllmEngine:
         """
         from oracle.capture.rules import LocalizedOp
 
+        self.localize_seconds = {}
         stages = self.spec.pipeline_parallel_size
         if stages > 1:
             # Each rank captures its own passes, but a pipeline stage holds only some layers and hands its
@@ -305,9 +307,12 @@ class VllmEngine:
                      "trial at pipeline_parallel_size 1 to localize it")
         msg = ("localize", expected, actual, str(repro_dir) if repro_dir is not None else None)
         if self.spec.enforce_eager:
-            found = self._live().call(msg, self.timeout_s)
-            return LocalizedOp.from_json(found) if found is not None else None
+            return self._found(self._live().call(msg, self.timeout_s))
+        t0 = time.perf_counter()
+        started = self._twin is None
         twin = self._eager_twin()
+        if started:
+            self.localize_seconds["eager_twin_start"] = time.perf_counter() - t0
         try:
             found = twin.call(msg, self.timeout_s)
         except EngineError:
@@ -317,7 +322,15 @@ class VllmEngine:
         except BaseException:
             self._stop_twin()  # interrupted mid-call: its reply may still be on the way
             raise
-        return LocalizedOp.from_json(found) if found is not None else None
+        return self._found(found)
+
+    def _found(self, answer: dict[str, Any]) -> LocalizedOp | None:
+        """The worker's localize answer: the finding, its parts added to `localize_seconds`."""
+        from oracle.capture.rules import LocalizedOp
+
+        self.localize_seconds.update(answer.get("seconds") or {})
+        op = answer.get("op")
+        return LocalizedOp.from_json(op) if op is not None else None
 
     def _eager_twin(self) -> _Worker:
         """The eager twin, started now (the compiled worker stopped first) unless it is running."""

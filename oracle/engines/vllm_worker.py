@@ -310,18 +310,20 @@ class WorkerEngine:
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())
 
-    def localize(self, expected: Any, actual: Any, repro_dir: str | None = None) -> dict[str, Any] | None:
+    def localize(self, expected: Any, actual: Any, repro_dir: str | None = None) -> dict[str, Any]:
         """Localize here: both runs captured per op, the op confirmed alone, the finding as JSON, or None. At TP 1
         in this process (`oracle.capture.localize_with`, `repro_dir` written); at TP > 1 in every rank
         (`oracle.engines.vllm_ranks`, no repro/).
 
         Only meaningful with `enforce_eager`: CUDA graphs and torch.compile run ops no dispatch mode sees.
+        The answer: `op` (the finding as JSON, or None) and `seconds` (where the call's time went, at TP 1).
         """
         from pathlib import Path
 
         from oracle.capture import localize_with
         from oracle.engines.vllm_capture import in_process
 
+        seconds: dict[str, float] = {}
         if self.spec.tensor_parallel_size > 1:
             from oracle.engines.vllm_ranks import localize_in_ranks
 
@@ -329,8 +331,9 @@ class WorkerEngine:
         else:
             with in_process(self) as capture:
                 found = localize_with(capture, expected, actual, eager=self.spec.enforce_eager,
-                                      repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",))
-        return found.to_json() if found is not None else None
+                                      repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",),
+                                      seconds=seconds)
+        return {"op": found.to_json() if found is not None else None, "seconds": seconds}
 
     def capture_ranks(self, spec: Any, snapshot_at: Any = None) -> bytes:
         """`spec` captured in every rank (at TP 1 in this process), rank order: each rank's calls, passes and the

@@ -41,6 +41,7 @@ from oracle.engines.contract import (
     ResetsPrefixCache,
     RunSpec,
     capabilities,
+    localize_parts,
     run_generate,
     start_parts,
 )
@@ -220,6 +221,11 @@ class GuardedEngine:
         """TimesItsStart: the parts of the engine's start it measured (empty where it declares none, or its
         answer is not a mapping of names to finite numbers of seconds)."""
         return start_parts(self.engine) if self.capabilities.start_timing else {}
+
+    @property
+    def localize_seconds(self) -> dict[str, float]:
+        """TimesItsLocalize: the parts of the engine's last localize call (empty where it declares none)."""
+        return localize_parts(self.engine) if self.capabilities.localize_timing else {}
 
     @property
     def op_packages(self) -> tuple[str, ...]:

@@ -110,3 +110,12 @@ def test_the_runs_repro_exits_as_its_confirmation_says(failing_report: Path) -> 
     done = subprocess.run([sys.executable, str(Path(loc["repro"]) / "repro.py")], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1, (done.stdout, done.stderr)
+
+
+def test_the_report_says_where_localizing_went(failing_report: Path) -> None:
+    """TimesItsLocalize: the native engine's parts of each localization, summed per mode, inside the whole."""
+    timings = json.loads(failing_report.read_text())["timings"]
+    parts = {p: timings.get(f"invariant_localize_{p}_s") for p in ("capture", "rule", "confirm", "repro")}
+    assert all(isinstance(v, float) and v >= 0 for v in parts.values()), parts
+    assert parts["capture"] > 0 and parts["confirm"] > 0  # both runs captured, then again to confirm
+    assert sum(parts.values()) <= timings["invariant_localize_s"] + 0.01

@@ -40,6 +40,8 @@ def test_start_parts_name_each_part_not_the_whole() -> None:
     timings = {"invariant_engine_start_s": 9.0, "invariant_engine_start_import_vllm_s": 3.8,
                "production_engine_start_vllm_engine_s": 4.9, "invariant_trials_s": 2.0}
     assert start_parts(timings) == "invariant: import_vllm 3.8s; production: vllm_engine 4.9s"
+    timings = {"invariant_localize_s": 9.0, "invariant_localize_capture_s": 2.0, "invariant_localize_eager_twin_start_s": 6.0}
+    assert start_parts(timings, "localize") == "invariant: capture 2.0s, eager_twin_start 6.0s"
 
 
 def test_each_run_is_read_from_its_report(model_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

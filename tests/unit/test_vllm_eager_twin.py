@@ -65,7 +65,7 @@ class Worker:
             if self.workers.error_next_localize:
                 self.workers.error_next_localize = False
                 raise EngineError("vllm worker: localize failed: ValueError")
-            return None
+            return {"op": None, "seconds": {"capture": 0.5, "rule": 0.25}}  # the worker's answer
         own = self.spec == self.workers.own  # the engine's own worker (eager for an eager engine), not a twin
         assert own, f"{msg[0]} sent to the eager twin"
         return [] if msg[0] == "generate" else True
@@ -95,7 +95,11 @@ def test_consecutive_localizations_share_one_twin_and_the_compiled_worker_waits_
         tmp_path: Path, workers: Workers) -> None:
     engine = _engine(tmp_path, enforce_eager=False)
     assert engine.localize(SPEC, SPEC) is None
+    # TimesItsLocalize: the worker's parts, and the twin's start where this call started it
+    assert set(engine.localize_seconds) == {"eager_twin_start", "capture", "rule"}
+    assert engine.localize_seconds["capture"] == 0.5
     assert engine.localize(SPEC, SPEC) is None
+    assert engine.localize_seconds == {"capture": 0.5, "rule": 0.25}  # the twin was running: no start this time
     assert workers.kinds() == ["compiled", "eager"]  # one twin, the compiled worker not restarted in between
     assert engine.generate([]) == []
     assert workers.kinds() == ["compiled", "eager", "compiled"] and [w.kind for w in workers.alive()] == ["compiled"]

@@ -154,6 +154,7 @@ class NativeEngine:
         options = config.options_as(NativeOptions)
         self.mode = mode
         self.device = torch.device(config.device)
+        self.localize_seconds: dict[str, float] = {}  # TimesItsLocalize: the last localize call's parts
         # Decode steps through CUDA graphs: on by default on CUDA, never elsewhere.
         if options.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"engine.options.cuda_graphs: needs a CUDA device, not {self.device.type!r}")
@@ -272,14 +273,16 @@ class NativeEngine:
 
     def localize(self, expected: RunSpec, actual: RunSpec, repro_dir: Path | None = None) -> LocalizedOp | None:
         """LocalizesInWorker: both runs captured (in every rank at tensor parallel > 1, compared rank by rank:
-        `native.sharded.localize_sharded`), the op named and confirmed alone."""
+        `native.sharded.localize_sharded`), the op named and confirmed alone. TimesItsLocalize: where one process
+        captured, `localize_seconds` says where the call's time went."""
+        self.localize_seconds = {}
         if self.ranks is not None:
             from oracle.engines.native.sharded import localize_sharded
 
             return localize_sharded(self, expected, actual, repro_dir)
         from oracle.capture import localize_with
 
-        return localize_with(self.capture, expected, actual, repro_dir=repro_dir)
+        return localize_with(self.capture, expected, actual, repro_dir=repro_dir, seconds=self.localize_seconds)
 
     def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
         """CapturesRanks: `run` captured in every rank (one in this process without ranks)."""
