@@ -82,6 +82,8 @@ def test_a_diverging_production_trial_is_named_in_an_eager_rerun(engines: dict[s
             continue
         loc = localize_trial(engine, [TARGET], trial, len(trial) - 1, 32, repro_dir=tmp_path / "repro")
         assert loc is not None and loc.eager is True
+        # TimesItsLocalize: where the call went, from the worker (both runs captured, the rule)
+        assert {"capture", "rule"} <= set(engine.localize_seconds) and engine.localize_seconds["capture"] > 0
         assert loc.module.startswith(("model.", "lm_head", "logits_processor")), loc.describe()
         assert loc.pass_evidence["num_seqs"] >= 1 and loc.positions
         # What was named and whether the op alone reproduced it (`pytest -s` shows it).
