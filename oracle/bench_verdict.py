@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,13 +47,15 @@ def parse_targets(specs: list[str]) -> list[Target]:
         raise ConfigError("bench verdict: give one or more configs (CONFIG or CONFIG@SEED)")
     out = []
     for spec in specs:
-        path, at, seed = spec.rpartition("@") if "@" in spec else (spec, "", "")
-        if at and not (seed.isdigit()):
+        path, at, seed = ("", "", "") if Path(spec).is_file() else spec.rpartition("@")
+        if not at:
+            path, seed = spec, ""
+        elif not re.fullmatch(r"[0-9]+", seed):
             raise ConfigError(f"bench verdict: {spec!r}: the seed after @ must be a whole number")
         config = Path(path)
         if not config.is_file():
             raise ConfigError(f"bench verdict: {config}: no such config file")
-        out.append(Target(config, int(seed) if at else None))
+        out.append(Target(config, int(seed) if seed else None))
     return out
 
 
@@ -63,7 +66,7 @@ def run_once(target: Target, report_dir: Path, settings: list[str], timeout_s: f
         cmd += ["--seed", str(target.seed)]
     for setting in settings:
         cmd += ["--set", setting]
-    log_path = report_dir.with_suffix(".log")
+    log_path = report_dir.parent / f"{report_dir.name}.log"
     began = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -78,9 +81,13 @@ def run_once(target: Target, report_dir: Path, settings: list[str], timeout_s: f
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
+        except BaseException:  # this bench stopped (Ctrl-C, SIGTERM): the run too, with its report written
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             raise
     wall = time.perf_counter() - began
     row: dict[str, Any] = {"config": str(target.config), "seed": target.seed, "wall_s": round(wall, 1),
@@ -153,18 +160,21 @@ def bench_verdict(specs: list[str], *, runs: int = 2, timeout_s: float = RUN_TIM
     with contextlib.ExitStack() as stack:
         base = keep if keep is not None else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oracle-verdict-")))
         base.mkdir(parents=True, exist_ok=True)
-        for n in range(runs):
-            for target in targets:
-                report_dir = base / f"{target.name.replace('@', '-seed')}-run{n + 1}"
-                row = {"run": n + 1, **run_once(target, report_dir, settings, timeout_s)}
-                if keep is None:  # gone with the temporary folder
-                    del row["report_dir"]
-                rows.append(row)
-                _print_row(target, row, timing_line(row.get("timings") or {}))
-        result = {"machine": line, "settings": settings, "run_timeout_s": timeout_s, "rows": rows}
-        if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            for n in range(runs):
+                for i, target in enumerate(targets):
+                    # The target's place in the list too: two configs of one name, or one given twice, keep apart.
+                    report_dir = base / f"{i + 1}-{target.name.replace('@', '-seed')}-run{n + 1}"
+                    row = {"run": n + 1, **run_once(target, report_dir, settings, timeout_s)}
+                    if keep is None:  # gone with the temporary folder
+                        del row["report_dir"]
+                    rows.append(row)
+                    _print_row(target, row, timing_line(row.get("timings") or {}))
+        finally:  # the rows so far, also where this bench was stopped
+            if json_path is not None:
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps({"machine": line, "settings": settings, "run_timeout_s": timeout_s,
+                                                 "rows": rows}, indent=2) + "\n")
     return 0 if all(r.get("complete") and not r["stopped_at_limit"] for r in rows) else 1
 
 

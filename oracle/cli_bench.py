@@ -16,8 +16,8 @@ def add_parser(sub: Any, trials_type: Callable[[str], int]) -> None:
     b = sub.add_parser("bench", help="benchmarks: the invariant kernels against torch's, or a config's modes")
     b.add_argument("what", nargs="*", default=[],
                    help="'kernels', 'memory' (peak RSS of 1,000 trials at a 152k vocabulary), 'verdict CONFIG[@SEED] "
-                        "...' (whole `oracle run`s to a verdict, timed), or a config file to time in both modes (omit "
-                        "with --workload)")
+                        "...' (whole `oracle run`s to a verdict, timed; its options after the configs), or a config file to "
+                        "time in both modes (omit with --workload)")
     b.add_argument("--workload", default=None, help="a named native-engine workload instead of a config: 'seed'")
     b.add_argument("--warmup", type=int, default=1, help="untimed rounds per mode (default 1)")
     b.add_argument("--rounds", type=int, default=3, help="timed rounds per mode (default 3)")
@@ -97,7 +97,8 @@ def command(args: argparse.Namespace) -> int:
     if what == "verdict":
         from oracle.bench_verdict import RUN_TIMEOUT_S, bench_verdict
 
-        return bench_verdict(more, runs=args.runs, timeout_s=args.run_timeout or RUN_TIMEOUT_S,
+        return bench_verdict(more, runs=args.runs,
+                             timeout_s=RUN_TIMEOUT_S if args.run_timeout is None else args.run_timeout,
                              settings=args.settings, json_path=args.json, keep=args.keep)
     if more:
         raise ConfigError(f"bench {what}: takes no further arguments, got {' '.join(more)!r}")

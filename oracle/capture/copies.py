@@ -32,7 +32,8 @@ def named_args(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[s
 
 def flat_leaves(tree: Any) -> list[Any]:
     """`tree_flatten(tree)[0]`, what an op call's arguments or results hold, in the same order: plain tuples, lists
-    and dicts walked here (an op's arguments are these), anything else (torch.Size, a named tuple) by pytree.
+    and dicts walked here, their subclasses (torch.Size, a named tuple, an OrderedDict) by pytree. An op's arguments
+    hold no other container (pytree would also walk a deque, a leaf here).
 
     No closure and no reference cycle: the leaves are tensors, and the capture's bookkeeping (weak maps keyed by
     tensors) must see each one die when the model drops it, not when the cyclic garbage collector runs."""

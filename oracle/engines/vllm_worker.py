@@ -371,7 +371,7 @@ class WorkerEngine:
             self._run(requests, order, tracks, limit, max_num_batched_tokens)
         except BaseException:
             # Leave the engine empty for the next call, whatever stopped this one.
-            self.engine.abort_request(list(tracks))
+            self.engine.abort_request(list(tracks), internal=True)  # vLLM's own ids (it suffixes the caller's)
             self.tap.take()
             raise
         done = sorted(tracks.values(), key=lambda t: t.index)
@@ -420,7 +420,8 @@ class WorkerEngine:
         vLLM's output processor turns every logprob row into Python lists (`tolist`), each row as wide as the
         widest request of the step asked for: one target asking for the whole vocabulary made every filler's row
         vocabulary-wide, about half of a CPU trial's time at 128 fillers. The arrays are read here as they are;
-        the numbers are the same ones the lists held.
+        the numbers are the same ones the lists held. The tokens are read before vLLM's processor would trim any
+        past a stop string: the worker's requests have none (`ignore_eos`, exactly `max_tokens`).
         """
 
         def read(outputs: list[Any], *args: Any, **kwargs: Any) -> Any:

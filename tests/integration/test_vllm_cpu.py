@@ -245,3 +245,15 @@ def test_the_workers_rows_are_vllms_own_logprobs(small_qwen3: Path, tmp_path: Pa
     for rid, w in worker.items():
         assert len(w["tokens"]) > 0
         assert w == own[rid], rid
+
+
+def test_a_call_that_failed_leaves_the_engine_empty_for_the_next(fp32_engine: VllmEngine) -> None:
+    """A request vLLM refuses after another has started (a prompt over max_model_len, arriving at step 1) ends the
+    call with an error; the request already running is aborted by vLLM's own id, so the next call gets only its
+    own requests and the bits it gets alone."""
+    alone = fp32_engine.generate([Request("t", PROMPTS[0], FULL)])
+    too_long = Request("long", tuple(range(5000)), FULL, arrival_step=1)
+    with pytest.raises(EngineError):
+        fp32_engine.generate([Request("running", PROMPTS[1], FULL), too_long])
+    again = fp32_engine.generate([Request("t", PROMPTS[0], FULL)])
+    assert [c.request_id for c in again] == ["t"] and first_divergence(alone[0], again[0]) is None

@@ -44,6 +44,20 @@ def test_start_parts_name_each_part_not_the_whole() -> None:
     assert start_parts(timings, "localize") == "invariant: capture 2.0s, eager_twin_start 6.0s"
 
 
+def test_a_config_whose_path_holds_an_at_is_a_config_not_a_seed(tmp_path: Path) -> None:
+    path = tmp_path / "ci@2.yaml"
+    path.write_text(TINY.read_text())
+    (target,) = parse_targets([str(path)])
+    assert (target.config, target.seed) == (path, None)
+    with pytest.raises(ConfigError, match="whole number"):
+        parse_targets([f"{TINY}@\u00b2"])  # a digit to str.isdigit, not to int()
+
+
+def test_a_limit_of_zero_is_refused() -> None:
+    assert main(["bench", "verdict", str(TINY), "--run-timeout", "0"]) == 2
+
+
+@pytest.mark.slow
 def test_each_run_is_read_from_its_report(model_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "verdict.json"
     code = main(["bench", "verdict", f"{TINY}@1", "--runs", "1", "--json", str(out), "--keep", str(tmp_path / "runs")])
@@ -58,14 +72,16 @@ def test_each_run_is_read_from_its_report(model_cache: Path, tmp_path: Path, cap
     assert printed.startswith("machine: ") and "tiny@1 run 1:" in printed and "where the time went:" in printed
 
 
+@pytest.mark.slow
 def test_a_run_past_its_limit_is_stopped_and_read_from_its_interrupted_report(model_cache: Path,
                                                                               tmp_path: Path) -> None:
     out = tmp_path / "verdict.json"
-    # 10,000 trials (about 3 minutes here) do not end within the limit; --set reaches every run.
-    code = main(["bench", "verdict", str(TINY), "--runs", "1", "--run-timeout", "8", "--set", "schedule.trials=10000",
+    # 10,000 trials (about 3 minutes here) do not end within the limit, and 20 s leave the run time to write the
+    # report it starts with, on a loaded machine too; --set reaches every run.
+    code = main(["bench", "verdict", str(TINY), "--runs", "1", "--run-timeout", "20", "--set", "schedule.trials=10000",
                  "--json", str(out), "--keep", str(tmp_path / "runs")])
     assert code == 1
     (row,) = json.loads(out.read_text())["rows"]
     assert row["stopped_at_limit"] and row["exit_code"] != 0
-    assert row["complete"] is False  # the report the run wrote as it stopped, not a verdict
+    assert row.get("complete") is False, row.get("log_tail")  # the report the run wrote as it stopped, not a verdict
     assert json.loads((Path(row["report_dir"]) / "report.json").read_text())["complete"] is False
