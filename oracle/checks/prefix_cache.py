@@ -1,13 +1,14 @@
 """prefix_cache: a target run with its prompt's blocks cached (warm) == the same target run from an emptied
 cache (cold), bitwise, with evidence that the cache was hit (invariant mode).
 
-Its runs, on invariant mode's engine once the trials are done: per target, the cache reset, a cold run and
-a warm one; the first pair that differs is localized."""
+Its runs, on invariant mode's engine once the trials are done: per target, the cache reset, a one-token run that
+caches the prompt's blocks, and the warm run. The cold run is the target's reference (run alone from an emptied
+cache before the trials), not run again. The first pair that differs is localized."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oracle.checks.base import (
     INV,
@@ -23,7 +24,7 @@ from oracle.checks.base import (
 from oracle.compare import first_divergence
 from oracle.engines.contract import Completion, RunSpec
 from oracle.mode_result import ModeResult
-from oracle.plan import solo_request
+from oracle.plan import solo_request, target_sampling
 from oracle.report import CheckResult, DivergenceRecord
 
 
@@ -36,21 +37,28 @@ class PrefixRuns:
 
 
 def _run(context: CheckContext) -> None:
-    """Per target: reset the cache, run cold, run again warm (the prompt's blocks now cached)."""
+    """Per target: reset the cache, cache the prompt's blocks with a one-token run, run the target warm. Its cold
+    run is the reference the run already has (alone, from an emptied cache), not run again."""
     if not (context.can_reset_prefix_cache() and context.describe.get("enable_prefix_caching")):
         context.keep(PrefixRuns(note="the engine runs without prefix caching (engine.enable_prefix_caching)"))
         return
+    plan = context.plan
     pairs: dict[int, tuple[Completion, Completion]] = {}
     context.keep(PrefixRuns(pairs))
-    for t in range(len(context.plan.targets)):
+    for t in range(len(plan.targets)):
         context.reset_prefix_cache()
-        req = solo_request(context.plan, t, "prefix")
-        cold = context.generate([req])[0]
+        req = solo_request(plan, t, "prefix")
+        cold = context.solo.get(t)
+        if cold is None:  # no reference kept for it: run it cold here, which caches its blocks too
+            cold = context.generate([req])[0]
+        else:
+            one = target_sampling(plan.config, 1)
+            context.generate([replace(req, request_id=f"{req.request_id}-warmup", sampling=one)])
         warm = context.generate([req])[0]
         pairs[t] = (cold, warm)
     bad = [t for t, (cold, warm) in pairs.items() if first_divergence(cold, warm) is not None]
     for t in bad[:1]:
-        req = solo_request(context.plan, t, "prefix")
+        req = solo_request(plan, t, "prefix")
         context.localize(("prefix", t), RunSpec((req,), 0), RunSpec((req,), 0, warm_with=(req,)))
 
 
