@@ -75,19 +75,9 @@ def run_once(target: Target, report_dir: Path, settings: list[str], timeout_s: f
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             stopped = True
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
         except BaseException:  # this bench stopped (Ctrl-C, SIGTERM): the run too, with its report written
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
             raise
     wall = time.perf_counter() - began
     row: dict[str, Any] = {"config": str(target.config), "seed": target.seed, "wall_s": round(wall, 1),
@@ -96,6 +86,17 @@ def run_once(target: Target, report_dir: Path, settings: list[str], timeout_s: f
     if "timings" not in row:
         row["log_tail"] = log_path.read_text(errors="replace")[-2000:]
     return row
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as CI's limit sends it (the run writes its report and closes its engines), then SIGKILL past the
+    grace period."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def read_report(path: Path) -> dict[str, Any]:
