@@ -269,12 +269,12 @@ def _openai_instance(cfg: EngineConfig, mode: Mode, index: int) -> EngineConfig:
 
 # Each of two vLLM engines on one GPU: below half, for the CUDA context and what vLLM keeps outside its pool.
 SHARED_GPU_MEMORY_UTILIZATION = 0.45
-FIXED_KV_GPU_MEMORY_UTILIZATION = 0.1  # the same where each KV cache is given (start_together)
 
 
 def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
     """Two vLLM workers on the GPUs at once: each takes `SHARED_GPU_MEMORY_UTILIZATION` of the memory unless
-    `engine_args.gpu_memory_utilization` is set (vLLM's default 0.9 each would not fit); where each KV cache is
+    `engine_args.gpu_memory_utilization` is set (vLLM's default 0.92 each would not fit; a share the user sets is
+    kept, also with start_together, where above 0.5 the second start's free-memory check fails); where each KV cache is
     given (`start_together`, `kv_cache_memory_bytes`) the share is only what vLLM checks is free as it starts. On a CPU (no GPU seen
     through NVML) nothing changes: the KV pool is `kv_cache_space_gib` per worker and threads `num_threads`."""
     from oracle.models import memory
@@ -285,6 +285,8 @@ def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
     # With its KV cache given, vLLM reads this share only to check the free memory as it starts (`request_memory`):
     # the other engine, starting at the same time, may hold more than half of the GPU by then.
     fixed = cfg.options_as(VllmOptions).start_together or "kv_cache_memory_bytes" in args
+    from oracle.engines.vllm_memory import FIXED_KV_GPU_MEMORY_UTILIZATION
+
     args = {**args, "gpu_memory_utilization": FIXED_KV_GPU_MEMORY_UTILIZATION if fixed else SHARED_GPU_MEMORY_UTILIZATION}
     return cfg.model_copy(update={"options": {**cfg.options, "engine_args": args}})
 

@@ -20,6 +20,10 @@ SHARE = 0.4  # of the GPU's memory, for one of two engines: weights, activations
 MARGIN = 1 << 30  # activations, CUDA context and what vLLM keeps outside its pool
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 
+# The GPU share each vLLM engine takes where its KV cache is given (start_together, kv_cache_memory_bytes): vLLM
+# then reads it only to check the free memory as it starts.
+FIXED_KV_GPU_MEMORY_UTILIZATION = 0.1
+
 
 def _text_config(model_dir: Path) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))

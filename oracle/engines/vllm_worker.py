@@ -217,6 +217,13 @@ class WorkerEngine:
             size = _fixed_kv_cache(spec, args)
             if size is not None:
                 args.kv_cache_memory_bytes = size
+                if "gpu_memory_utilization" not in spec.engine_args:
+                    # With the cache given vLLM reads the share only to check the free memory as it starts, and the
+                    # other engine may hold more than half of the GPU by then (set here too where the parent, with no
+                    # GPU seen through NVML, left vLLM's default).
+                    from oracle.engines.vllm_memory import FIXED_KV_GPU_MEMORY_UTILIZATION
+
+                    args.gpu_memory_utilization = FIXED_KV_GPU_MEMORY_UTILIZATION
         fixed_kv = getattr(args, "kv_cache_memory_bytes", None)
         # Invariant mode's kernels come from oracle's vLLM plugin (oracle.engines.vllm_plugin), which vLLM runs
         # in this process and in every rank it starts; the environment (ORACLE_VLLM_KERNELS) asks for them.
@@ -302,8 +309,12 @@ class WorkerEngine:
         return found
 
     def shutdown(self) -> None:
-        """Stop vLLM's engine core and the rank processes it started now, rather than at interpreter exit, where
-        nothing told them to go (a TP 2 worker then outlived the parent's grace period and was terminated)."""
+        """Stop the rank processes vLLM started (tensor or pipeline parallel > 1) now, rather than at interpreter
+        exit, where nothing told them to go (a TP 2 worker then outlived the parent's grace period and was
+        terminated). With one rank there are none: vLLM's engine lives in this process, whose end (`os._exit`,
+        right after) releases all it holds, so its shutdown (1.1-1.7 s on the 2-core CPU) is not waited for."""
+        if self.spec.tensor_parallel_size * self.spec.pipeline_parallel_size == 1:
+            return
         with contextlib.suppress(Exception):
             self.engine.engine_core.shutdown()
 
@@ -493,8 +504,9 @@ def _fixed_kv_cache(spec: WorkerSpec, args: Any) -> int | None:
     max_len: int | None = spec.max_model_len
     with contextlib.suppress(Exception):  # vLLM raises its own error for the config when it builds the engine
         max_len = int(args.create_model_config().max_model_len)  # what vLLM will serve, rope scaling and all
-    return fixed_kv_cache_bytes(Path(spec.model), str(args.dtype), spec.max_num_seqs, max_len, total,
-                                spec.tensor_parallel_size, int(getattr(args, "block_size", None) or 16))
+    # vLLM's own max_num_seqs: an engine_args value wins over the config's, and the cache is for what vLLM runs.
+    return fixed_kv_cache_bytes(Path(spec.model), str(args.dtype), int(args.max_num_seqs or spec.max_num_seqs),
+                                max_len, total, spec.tensor_parallel_size, int(getattr(args, "block_size", None) or 16))
 
 
 def _mode_args(spec: WorkerSpec) -> dict[str, Any]:
