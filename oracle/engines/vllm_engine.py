@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -186,8 +187,16 @@ class VllmEngine:
         self._twin: _Worker | None = None
         self._closed = False
         self.localize_seconds: dict[str, float] = {}  # TimesItsLocalize: the last localize call's parts
+        # On a GPU, starts that will wait get their vLLM import done meanwhile (`_Spares`): production's, which waits
+        # for this engine to be up unless each KV cache is given, and a compiled engine's eager twin.
+        on_gpu = _sees_a_gpu()
+        self._twin_ahead = on_gpu and not options.enforce_eager
+        if on_gpu and mode == "invariant" and not (options.start_together or "kv_cache_memory_bytes" in engine_args):
+            _SPARES.spawn(self._worker_env("production", options, config.num_threads))
         self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         self._info = self._worker.info  # what the worker found at start; describe() works after close()
+        if self._twin_ahead:
+            _SPARES.spawn(self.env)
 
     @staticmethod
     def _worker_env(mode: Mode, options: VllmOptions, threads: int | None) -> dict[str, str]:
@@ -365,6 +374,9 @@ class VllmEngine:
     def close(self) -> None:
         self._closed = True
         self._stop_twin()
+        spare = _SPARES.take(self.env) if self._twin_ahead else None
+        if spare is not None:  # the twin's, spawned ahead and not needed
+            spare.stop()
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop()
@@ -391,6 +403,20 @@ class _Worker:
 
     @classmethod
     def start(cls, spec: WorkerSpec, env: dict[str, str], timeout_s: float) -> _Worker:
+        """A worker for `spec`, started: one spawned ahead for this environment (`spawn_ahead`) where there is one,
+        else spawned now; it imports vLLM as it starts, before it is told what to build."""
+        worker = _SPARES.take(env) or cls.spawn(env)
+        try:
+            worker.send(("start", spec), timeout_s)
+            worker.info = worker.wait(timeout_s, "start", expect="ready")
+        except BaseException:
+            worker.stop()
+            raise
+        return worker
+
+    @classmethod
+    def spawn(cls, env: dict[str, str]) -> _Worker:
+        """The worker's process, started in `env`: it imports vLLM, then waits for its ("start", spec)."""
         ours, theirs = socket.socketpair()
         fd, log_name = tempfile.mkstemp(prefix="oracle-vllm-", suffix=".log")
         try:
@@ -406,14 +432,7 @@ class _Worker:
             raise EngineError(f"vllm worker failed to start: {e}") from e
         finally:
             theirs.close()
-        worker = cls(proc, Connection(ours.detach()), Path(log_name))
-        try:
-            worker.send(("start", spec), timeout_s)
-            worker.info = worker.wait(timeout_s, "start", expect="ready")
-        except BaseException:
-            worker.stop()
-            raise
-        return worker
+        return cls(proc, Connection(ours.detach()), Path(log_name))
 
     def send(self, msg: tuple[Any, ...], timeout_s: float) -> None:
         """Send `msg`; a worker that does not take it within `timeout_s` (alive but not reading) is killed."""
@@ -515,6 +534,57 @@ class _Worker:
         if self.proc.returncode == 0 and not self.keep_log:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()
+
+
+def _sees_a_gpu() -> bool:
+    """Whether NVML sees a GPU here (vLLM's worker then runs on it)."""
+    from oracle.models import memory
+
+    return memory.gpus_free() is not None
+
+
+class _Spares:
+    """Worker processes spawned ahead (`spawn_ahead`), one per environment: vLLM imported, waiting for a start.
+
+    On a GPU a start that must wait for another engine's (vLLM measures the free memory as it starts), or for a
+    compiled worker to stop (the eager twin), has its import done meanwhile: importing vLLM touches no GPU memory.
+    A spare nobody takes dies with this process (tethered, and killed at exit like any worker)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[tuple[tuple[str, str], ...], _Worker] = {}
+
+    def spawn(self, env: dict[str, str]) -> None:
+        key = tuple(sorted(env.items()))
+        with self._lock:
+            if key in self._ready and self._ready[key].proc.poll() is None:
+                return
+        try:
+            worker = _Worker.spawn(env)
+        except EngineError:
+            return  # the start itself will say why
+        with self._lock:
+            old, self._ready[key] = self._ready.get(key), worker
+        if old is not None:
+            old.stop()
+
+    def take(self, env: dict[str, str]) -> _Worker | None:
+        """The spare for `env`, if one is alive (a dead one is cleared: the start spawns anew and says why)."""
+        with self._lock:
+            worker = self._ready.pop(tuple(sorted(env.items())), None)
+        if worker is not None and worker.proc.poll() is not None:
+            worker.stop()
+            return None
+        return worker
+
+    def clear(self) -> None:
+        with self._lock:
+            workers, self._ready = list(self._ready.values()), {}
+        for worker in workers:
+            worker.stop()
+
+
+_SPARES = _Spares()
 
 
 def _kill(proc: subprocess.Popen[bytes], conn: Connection) -> None:

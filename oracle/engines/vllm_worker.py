@@ -187,7 +187,8 @@ def _sampling_params(s: SamplingParams, logprobs: int) -> Any:
 class WorkerEngine:
     """A `vllm.LLMEngine` built for one mode, and the loop that steps it for one trial at a time."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, import_s: float | None = None) -> None:
+        """`import_s`: how long vLLM's import took where it was done before (`main`, as the process started)."""
         began = time.perf_counter()
         import vllm
         from vllm import EngineArgs
@@ -234,7 +235,8 @@ class WorkerEngine:
         built = time.perf_counter()
         # Where the start went (TimesItsStart, oracle.engines.contract): vLLM's import, its engine and parts of
         # that (`VLLM_START_PARTS`), and what this worker reads after (ranks, posture, the kernels' audit).
-        start: dict[str, float] = {"import_vllm": imported - began, "vllm_engine": built - imported, **vllm_parts}
+        start: dict[str, float] = {"import_vllm": (imported - began) + (import_s or 0.0), "vllm_engine": built - imported,
+                                   **vllm_parts}
         client: Any = self.engine.engine_core  # an InprocClient with VLLM_ENABLE_V1_MULTIPROCESSING=0
         core = client.engine_core
         self.scheduler = core.scheduler
@@ -564,13 +566,30 @@ def _serve(conn: Connection, engine: WorkerEngine) -> None:
         conn.send(("ok", result))
 
 
+def _import_vllm() -> BaseException | None:
+    """vLLM's modules the engine needs, imported before the worker is told what to build (a worker spawned ahead
+    has this done while it waits); what stopped the import, to answer the start with."""
+    try:
+        import vllm  # noqa: F401
+        from vllm import EngineArgs  # noqa: F401
+        from vllm.v1.engine.llm_engine import LLMEngine  # noqa: F401
+    except BaseException as e:  # noqa: BLE001 - the start's answer says it
+        return e
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     conn = Connection(int(argv[0]))
+    began = time.perf_counter()
+    failed = _import_vllm()
+    import_s = time.perf_counter() - began
     try:
         op, spec = conn.recv()
         if op != "start" or not isinstance(spec, WorkerSpec):
             raise ValueError(f"expected ('start', WorkerSpec), got {op!r}")
-        engine = WorkerEngine(spec)
+        if failed is not None:
+            raise failed
+        engine = WorkerEngine(spec, import_s=import_s)
         try:
             conn.send(("ready", engine.info))
             _serve(conn, engine)

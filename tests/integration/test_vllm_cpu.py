@@ -257,3 +257,30 @@ def test_a_call_that_failed_leaves_the_engine_empty_for_the_next(fp32_engine: Vl
         fp32_engine.generate([Request("running", PROMPTS[1], FULL), too_long])
     again = fp32_engine.generate([Request("t", PROMPTS[0], FULL)])
     assert [c.request_id for c in again] == ["t"] and first_divergence(alone[0], again[0]) is None
+
+
+@pytest.mark.parametrize("spare", ["alive", "dead"])
+def test_a_worker_spawned_ahead_is_the_one_that_starts(small_qwen3: Path, spare: str) -> None:
+    """A worker spawned ahead for an environment (on a GPU: production's while invariant's engine starts, a compiled
+    engine's eager twin) imports vLLM and waits; the next start in that environment is it. A spare that died is not
+    used: the start spawns a new worker."""
+    from oracle.engines import vllm_engine
+
+    config = EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64, num_threads=1,
+                             audit=False)
+    env = VllmEngine._worker_env("production", config.options_as(VllmOptions), config.num_threads)
+    vllm_engine._SPARES.spawn(env)
+    ahead = vllm_engine._SPARES._ready[tuple(sorted(env.items()))]
+    if spare == "dead":
+        ahead.proc.kill()
+        ahead.proc.wait()
+    engine = VllmEngine(small_qwen3, "production", config)
+    try:
+        worker = engine._live()
+        assert (worker is ahead) == (spare == "alive")
+        assert engine.start_seconds["import_vllm"] > 0  # measured where it ran, before the start was asked for
+        out = engine.generate([Request("t", PROMPTS[0], FULL)])
+        assert len(out[0].token_ids) == FULL.max_tokens
+    finally:
+        engine.close()
+        vllm_engine._SPARES.clear()
