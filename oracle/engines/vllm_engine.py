@@ -187,12 +187,12 @@ class VllmEngine:
         self._twin: _Worker | None = None
         self._closed = False
         self.localize_seconds: dict[str, float] = {}  # TimesItsLocalize: the last localize call's parts
-        # On a GPU, starts that will wait get their vLLM import done meanwhile (`_Spares`): production's, which waits
-        # for this engine to be up unless each KV cache is given, and a compiled engine's eager twin.
-        on_gpu = _sees_a_gpu()
-        self._twin_ahead = on_gpu and not options.enforce_eager
-        if on_gpu and mode == "invariant" and not (options.start_together or "kv_cache_memory_bytes" in engine_args):
-            _SPARES.spawn(self._worker_env("production", options, config.num_threads))
+        # On a GPU a compiled engine's eager twin gets its vLLM import done while the engine runs (`_Spares`), where
+        # each KV cache is given: no vLLM start on the GPU then measures memory that another process's import might
+        # touch. (Production's start, which waits for invariant's engine where vLLM measures, is not spawned ahead:
+        # not shown on a GPU that an import leaves vLLM's memory profiling in another process alone.)
+        fixed_kv = options.start_together or "kv_cache_memory_bytes" in engine_args
+        self._twin_ahead = not options.enforce_eager and fixed_kv and _sees_a_gpu()
         self._worker = _Worker.start(self.spec, self.env, self.start_timeout_s)
         self._info = self._worker.info  # what the worker found at start; describe() works after close()
         if self._twin_ahead:
@@ -403,7 +403,7 @@ class _Worker:
 
     @classmethod
     def start(cls, spec: WorkerSpec, env: dict[str, str], timeout_s: float) -> _Worker:
-        """A worker for `spec`, started: one spawned ahead for this environment (`spawn_ahead`) where there is one,
+        """A worker for `spec`, started: one spawned ahead for this environment (`_Spares`) where there is one,
         else spawned now; it imports vLLM as it starts, before it is told what to build."""
         worker = _SPARES.take(env) or cls.spawn(env)
         try:
@@ -544,11 +544,10 @@ def _sees_a_gpu() -> bool:
 
 
 class _Spares:
-    """Worker processes spawned ahead (`spawn_ahead`), one per environment: vLLM imported, waiting for a start.
+    """Worker processes spawned ahead, one per environment: vLLM imported, waiting for a start.
 
-    On a GPU a start that must wait for another engine's (vLLM measures the free memory as it starts), or for a
-    compiled worker to stop (the eager twin), has its import done meanwhile: importing vLLM touches no GPU memory.
-    A spare nobody takes dies with this process (tethered, and killed at exit like any worker)."""
+    A start that must wait (the eager twin, for the compiled worker to stop) has its import done meanwhile. A spare
+    nobody takes dies with this process (tethered, and killed at exit like any worker)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -261,9 +261,9 @@ def test_a_call_that_failed_leaves_the_engine_empty_for_the_next(fp32_engine: Vl
 
 @pytest.mark.parametrize("spare", ["alive", "dead"])
 def test_a_worker_spawned_ahead_is_the_one_that_starts(small_qwen3: Path, spare: str) -> None:
-    """A worker spawned ahead for an environment (on a GPU: production's while invariant's engine starts, a compiled
-    engine's eager twin) imports vLLM and waits; the next start in that environment is it. A spare that died is not
-    used: the start spawns a new worker."""
+    """A worker spawned ahead for an environment (on a GPU with each KV cache given, a compiled engine's eager twin)
+    imports vLLM and waits; the next start in that environment is it. A spare that died is not used: the start
+    spawns a new worker."""
     from oracle.engines import vllm_engine
 
     config = EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64, num_threads=1,

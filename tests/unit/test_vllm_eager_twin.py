@@ -146,3 +146,37 @@ def test_an_eager_engine_localizes_in_its_own_worker(tmp_path: Path, workers: Wo
     assert workers.kinds() == ["eager"]
     engine.close()
     assert workers.alive() == []
+
+
+class Spares:
+    """Stands in for the engine's spares: which environments were spawned ahead, taken and left."""
+
+    def __init__(self) -> None:
+        self.spawned: list[dict[str, str]] = []
+        self.taken: list[dict[str, str]] = []
+
+    def spawn(self, env: dict[str, str]) -> None:
+        self.spawned.append(env)
+
+    def take(self, env: dict[str, str]) -> None:
+        self.taken.append(env)
+
+
+@pytest.mark.parametrize(("enforce_eager", "start_together", "gpu", "ahead"), [
+    (False, True, True, True),    # compiled, each KV cache given, on a GPU: the twin's import done ahead
+    (False, False, True, False),  # vLLM measures the free memory as engines start: nothing spawned beside it
+    (True, True, True, False),    # eager: no twin
+    (False, True, False, False),  # no GPU: the CPU's starts need no spare
+])
+def test_the_eager_twin_is_spawned_ahead_only_where_nothing_measures_memory(
+        tmp_path: Path, workers: Workers, monkeypatch: pytest.MonkeyPatch, enforce_eager: bool, start_together: bool,
+        gpu: bool, ahead: bool) -> None:
+    spares = Spares()
+    monkeypatch.setattr(vllm_engine, "_SPARES", spares)
+    monkeypatch.setattr(vllm_engine, "_sees_a_gpu", lambda: gpu)
+    (tmp_path / "config.json").write_text("{}")
+    config = EngineConfig.of("vllm", enforce_eager=enforce_eager, start_together=start_together, audit=False)
+    engine = vllm_engine.VllmEngine(tmp_path, "invariant", config)
+    assert spares.spawned == ([engine.env] if ahead else [])
+    engine.close()
+    assert spares.taken == ([engine.env] if ahead else [])  # a spare nobody took is stopped with the engine
