@@ -1,4 +1,5 @@
-"""Run in a process of its own (`python vllm_own_lists.py MODEL OUT`): one vLLM worker engine (CPU, float32), one
+"""Run in a process of its own (`python vllm_own_lists.py MODEL OUT [GPU_SHARE]`): one vLLM worker engine (float32, on
+the CPU, or on a GPU taking GPU_SHARE of its memory), one
 batch through the worker's `generate`, then the same batch through vLLM's own output processor, whose logprob lists
 are read here as the worker read them before it took vLLM's arrays instead. Writes both, pickled, to OUT.
 
@@ -70,11 +71,12 @@ def vllms_own_lists(engine: WorkerEngine, reqs: list[Request]) -> dict[str, dict
     return out
 
 
-def main(model: str, path: str) -> None:
+def main(model: str, path: str, gpu_share: str | None = None) -> None:
+    engine_args = {"gpu_memory_utilization": float(gpu_share)} if gpu_share else {}
     engine = WorkerEngine(WorkerSpec(
         model=model, mode="production", invariance="none", dtype="float32", max_num_seqs=16,
         max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False, logprobs=LOGPROBS,
-        enforce_eager=True, max_model_len=256, seed=0, audit=False))
+        enforce_eager=True, max_model_len=256, seed=0, audit=False, engine_args=engine_args))
     reqs = requests(engine.vocab_size)
     worker = {}
     for r, c in zip(reqs, engine.generate(reqs, None), strict=True):
@@ -94,6 +96,6 @@ def main(model: str, path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
     sys.stdout.flush()
     os._exit(0)
