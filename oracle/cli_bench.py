@@ -72,6 +72,8 @@ def _bench_workload(args: argparse.Namespace) -> int:
         names = bench_vllm.chosen_rows(args.vllm_rows)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if args.vllm_row_timeout is not None and args.vllm_row_timeout <= 0:
+        raise ConfigError(f"bench --vllm-row-timeout: must be > 0, got {args.vllm_row_timeout:g}")
     with tempfile.TemporaryDirectory(prefix="oracle-bench-") as tmp:
         json_path = args.json or Path(tmp) / "bench.json"
         rc = bench_workload(args.workload, json_path, warmup=args.warmup, rounds=args.rounds, device=args.device,
@@ -81,7 +83,7 @@ def _bench_workload(args: argparse.Namespace) -> int:
         if rc != 0 or args.no_vllm:
             return rc
         return bench_vllm.extend(json_path, args.warmup, args.rounds, names,
-                                 args.vllm_row_timeout or bench_vllm.ROW_TIMEOUT_S)
+                                 bench_vllm.ROW_TIMEOUT_S if args.vllm_row_timeout is None else args.vllm_row_timeout)
 
 
 def command(args: argparse.Namespace) -> int:

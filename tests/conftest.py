@@ -91,6 +91,14 @@ def tiny_qwen3(model_cache: Path) -> Path:
     return ensure_model("tiny-qwen3", cache_dir=model_cache)
 
 
+@pytest.fixture(scope="session")
+def small_qwen3(model_cache: Path) -> Path:
+    """small-qwen3 (head_dim 64: vLLM's CPU attention has no kernel for tiny-qwen3's 16), made once a session."""
+    from oracle.models import ensure_model
+
+    return ensure_model("small-qwen3", cache_dir=model_cache)
+
+
 def write_fake_checkpoint(path: Path, vocab_size: int = 97) -> Path:
     """A checkpoint folder for the fake engine: a config and one (unused) weight."""
     import json

@@ -9,9 +9,7 @@ run's captured inputs (confirmation), and `repro/` written.
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import torch
 from oracle.capture.rows import Captured, Grid, OpCall, PassLayout, RowCapture, Snapshot, select_rows
 from oracle.capture.rules import Finding, LocalizedOp, localize_captured
 from oracle.engines.contract import Completion, RunSpec
+from oracle.timings import PhaseClock
 
 __all__ = ["Captured", "Finding", "Grid", "LocalizedOp", "OpCall", "PassLayout", "RowCapture", "Snapshot",
            "localize_captured", "localize_with", "select_rows"]
@@ -37,15 +36,15 @@ def capture_run(capture: CaptureFn, spec: RunSpec, rows: RowCapture | None = Non
 
 def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eager: bool | None = None,
                   repro_dir: Path | None = None, imports: Sequence[str] = (),
-                  seconds: dict[str, float] | None = None) -> LocalizedOp | None:
+                  clock: PhaseClock | None = None) -> LocalizedOp | None:
     """Capture both runs with `capture`, name the op (or the cache, or a bound), confirm it, write repro/.
-    `seconds`, where given, gains where the time went (TimesItsLocalize's parts): `capture` (both runs), `rule`,
+    `clock`, where given, gains where the time went (TimesItsLocalize's parts): `capture` (both runs), `rule`,
     `confirm` (both runs again with the op's inputs copied, the op alone on each) and `repro`."""
-    clock = _Parts(seconds)
-    with clock("capture"):
+    clock = clock or PhaseClock()
+    with clock.phase("capture"):
         exp = capture_run(capture, expected)
         act = capture_run(capture, actual)
-    with clock("rule"):
+    with clock.phase("rule"):
         prompt_len = len(actual.requests[actual.target_index].prompt_token_ids)
         finding = localize_captured(exp, act, eager=eager, target_prompt_len=prompt_len)
     if finding.op is None or finding.op.status != "localized" or finding.actual_call is None:
@@ -54,24 +53,8 @@ def localize_with(capture: CaptureFn, expected: RunSpec, actual: RunSpec, *, eag
     return confirm_alone(capture, expected, actual, finding, repro_dir, imports, clock)
 
 
-class _Parts:
-    """`with parts("name"): ...` adds the block's seconds to `seconds[name]` (nothing where `seconds` is None)."""
-
-    def __init__(self, seconds: dict[str, float] | None) -> None:
-        self.seconds = seconds
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.seconds is not None:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
-
-
 def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, finding: Finding, repro_dir: Path | None,
-                  imports: Sequence[str] = (), clock: _Parts | None = None) -> LocalizedOp:
+                  imports: Sequence[str] = (), clock: PhaseClock | None = None) -> LocalizedOp:
     """Run the named op alone on the inputs it got in each run (captured again, whole), in the state it ran in
     inside the engine, and compare the target's rows with the engine's (`oracle.capture.confirm.verdict`)."""
     from oracle.capture.confirm import (
@@ -82,12 +65,12 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
         verdict,
     )
 
-    clock = clock or _Parts(None)
+    clock = clock or PhaseClock()
     op, a_call, e_call = finding.op, finding.actual_call, finding.expected_call
     assert op is not None and a_call is not None
     if e_call is None:
         return replace(op, confirmation="not checked", confirm_note="the op did not run in the solo run")
-    with clock("confirm"):
+    with clock.phase("confirm"):
         e = capture_run(capture, expected, RowCapture(snapshot_at=(e_call.forward_pass, e_call.key))).snapshot
         a = capture_run(capture, actual, RowCapture(snapshot_at=(a_call.forward_pass, a_call.key))).snapshot
         if e is None or a is None:
@@ -108,7 +91,7 @@ def confirm_alone(capture: CaptureFn, expected: RunSpec, actual: RunSpec, findin
         op = replace(op, confirmation=status, confirm_note=note, depends_on=depends)
     if repro_dir is None:
         return op
-    with clock("repro"):
+    with clock.phase("repro"):
         return _with_repro(op, repro_dir, (e, a), (e_call, a_call), imports)
 
 

@@ -277,6 +277,7 @@ def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
     kept, also with start_together, where above 0.5 the second start's free-memory check fails); where each KV cache is
     given (`start_together`, `kv_cache_memory_bytes`) the share is only what vLLM checks is free as it starts. On a CPU (no GPU seen
     through NVML) nothing changes: the KV pool is `kv_cache_space_gib` per worker and threads `num_threads`."""
+    from oracle.engines.vllm_memory import FIXED_KV_GPU_MEMORY_UTILIZATION
     from oracle.models import memory
 
     args = cfg.options.get("engine_args") or {}
@@ -285,8 +286,6 @@ def _vllm_beside(cfg: EngineConfig) -> EngineConfig:
     # With its KV cache given, vLLM reads this share only to check the free memory as it starts (`request_memory`):
     # the other engine, starting at the same time, may hold more than half of the GPU by then.
     fixed = cfg.options_as(VllmOptions).start_together or "kv_cache_memory_bytes" in args
-    from oracle.engines.vllm_memory import FIXED_KV_GPU_MEMORY_UTILIZATION
-
     args = {**args, "gpu_memory_utilization": FIXED_KV_GPU_MEMORY_UTILIZATION if fixed else SHARED_GPU_MEMORY_UTILIZATION}
     return cfg.model_copy(update={"options": {**cfg.options, "engine_args": args}})
 

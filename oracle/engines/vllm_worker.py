@@ -335,8 +335,9 @@ class WorkerEngine:
 
         from oracle.capture import localize_with
         from oracle.engines.vllm_capture import in_process
+        from oracle.timings import PhaseClock
 
-        seconds: dict[str, float] = {}
+        clock = PhaseClock()
         if self.spec.tensor_parallel_size > 1:
             from oracle.engines.vllm_ranks import localize_in_ranks
 
@@ -345,8 +346,8 @@ class WorkerEngine:
             with in_process(self) as capture:
                 found = localize_with(capture, expected, actual, eager=self.spec.enforce_eager,
                                       repro_dir=Path(repro_dir) if repro_dir else None, imports=("vllm",),
-                                      seconds=seconds)
-        return {"op": found.to_json() if found is not None else None, "seconds": seconds}
+                                      clock=clock)
+        return {"op": found.to_json() if found is not None else None, "seconds": clock.seconds}
 
     def capture_ranks(self, spec: Any, snapshot_at: Any = None) -> bytes:
         """`spec` captured in every rank (at TP 1 in this process), rank order: each rank's calls, passes and the

@@ -28,13 +28,6 @@ from oracle.runner import run  # noqa: E402
 CONFIG = Path(__file__).parents[2] / "configs" / "vllm-gpu-oracle-kernels.yaml"
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def _run(model: Path, out: Path, trials: int, eager: bool = False, **engine_args: Any) -> Any:
     raw = yaml.safe_load(CONFIG.read_text())
     raw["model"] = str(model)

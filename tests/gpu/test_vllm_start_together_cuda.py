@@ -25,13 +25,6 @@ from oracle.runner import run  # noqa: E402
 CONFIG = Path(__file__).parents[2] / "configs" / "vllm-gpu-triton-attn.yaml"
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def _config(model: Path, out: Path, together: bool) -> dict[str, Any]:
     raw = yaml.safe_load(CONFIG.read_text())
     raw["model"] = str(model)

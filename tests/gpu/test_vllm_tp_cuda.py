@@ -32,13 +32,6 @@ CONFIG = Path(__file__).parents[2] / "configs" / "vllm-gpu-tp2.yaml"
 HAZARD = "vllm-custom-all-reduce"
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def _run(model: Path, out: Path, localize: str = "first", **engine_args: object) -> object:
     config = load_config(CONFIG)
     checks = config.checks.model_copy(update={"invariance": config.checks.invariance.model_copy(

@@ -9,9 +9,6 @@ Needs a CUDA device and vLLM: `pytest -m gpu tests/gpu/test_vllm_worker_rows_cud
 
 from __future__ import annotations
 
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,23 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 pytest.importorskip("vllm")
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def test_the_workers_rows_are_vllms_own_logprobs_on_cuda(small_qwen3: Path, tmp_path: Path) -> None:
-    script = Path(__file__).parents[1] / "support" / "vllm_own_lists.py"
-    out = tmp_path / "rows.pkl"
-    done = subprocess.run([sys.executable, str(script), str(small_qwen3), str(out), "0.2"], timeout=900,
-                          cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    got = pickle.loads(out.read_bytes())
-    worker, own = got["worker"], got["vllm"]
-    assert worker.keys() == own.keys() and len(worker) == 12
-    assert sum(len(w["rows"]) for w in worker.values()) == 6 and len(worker["digest"]["digests"]) == 5
-    for rid, w in worker.items():
-        assert len(w["tokens"]) > 0
-        assert w == own[rid], rid
+    from vllm_own_lists import assert_rows_are_vllms
+
+    assert_rows_are_vllms(small_qwen3, tmp_path, gpu_share=0.2)

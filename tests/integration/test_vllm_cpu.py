@@ -36,13 +36,6 @@ PROMPTS = ((5, 17, 300, 41, 999, 2048, 7, 77), tuple(range(1000, 1030)))
 
 
 @pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
-@pytest.fixture(scope="module")
 def fp32_engine(small_qwen3: Path) -> Iterator[VllmEngine]:
     engine = VllmEngine(small_qwen3, "production",
                         EngineConfig.of("vllm", dtype="float32", max_num_seqs=64, max_num_batched_tokens=64,
@@ -230,21 +223,9 @@ def test_the_workers_rows_are_vllms_own_logprobs(small_qwen3: Path, tmp_path: Pa
     (it made Python lists of every filler's row, as wide as the widest request's). Whatever it gives must be what
     vLLM's own lists hold, bit for bit: tokens, sampled-token logprobs, top-2, full rows and digests, for a full and
     a digest target among fillers asking for 5 (tests/support/vllm_own_lists.py runs both in one engine)."""
-    import pickle
-    import subprocess
-    import sys
+    from vllm_own_lists import assert_rows_are_vllms
 
-    script = Path(__file__).parents[1] / "support" / "vllm_own_lists.py"
-    out = tmp_path / "rows.pkl"
-    subprocess.run([sys.executable, str(script), str(small_qwen3), str(out)], check=True, timeout=600,
-                   cwd=tmp_path, capture_output=True)
-    got = pickle.loads(out.read_bytes())
-    worker, own = got["worker"], got["vllm"]
-    assert worker.keys() == own.keys() and len(worker) == 12
-    assert sum(len(w["rows"]) for w in worker.values()) == 6 and len(worker["digest"]["digests"]) == 5
-    for rid, w in worker.items():
-        assert len(w["tokens"]) > 0
-        assert w == own[rid], rid
+    assert_rows_are_vllms(small_qwen3, tmp_path)
 
 
 def test_a_call_that_failed_leaves_the_engine_empty_for_the_next(fp32_engine: VllmEngine) -> None:

@@ -33,13 +33,6 @@ FULL = SamplingParams(max_tokens=4, logits="full")
 TARGET = Request("target", tuple(range(1000, 1030)), FULL)
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def _fillers(n: int, seed: int) -> list[Request]:
     rng = random.Random(seed)
     return [Request(f"f{seed}-{i}", tuple(rng.randrange(VOCAB) for _ in range(rng.randint(3, 50))),

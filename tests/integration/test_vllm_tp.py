@@ -44,13 +44,6 @@ def register():
 '''
 
 
-@pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
 def test_shipped_tp2_config_holds_invariance_in_both_ranks_and_production_drifts(small_qwen3: Path,
                                                                                   tmp_path: Path) -> None:
     config = load_config(CONFIG).model_copy(update={"model": str(small_qwen3)})

@@ -37,13 +37,6 @@ TARGET = Request("target", tuple(range(1000, 1012)), SamplingParams(max_tokens=3
 
 
 @pytest.fixture(scope="module")
-def small_qwen3(model_cache: Path) -> Path:
-    from oracle.models import ensure_model
-
-    return ensure_model("small-qwen3", cache_dir=model_cache)
-
-
-@pytest.fixture(scope="module")
 def planted(small_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmEngine, Path]]:
     """An invariant TP 2 engine with the test plugin in every rank, and the file that picks its fault."""
     folder = vllm_planted_tp.install(tmp_path_factory.mktemp("plugins"))

@@ -1,7 +1,8 @@
-"""Run in a process of its own (`python vllm_own_lists.py MODEL OUT [GPU_SHARE]`): one vLLM worker engine (float32, on
-the CPU, or on a GPU taking GPU_SHARE of its memory), one
-batch through the worker's `generate`, then the same batch through vLLM's own output processor, whose logprob lists
-are read here as the worker read them before it took vLLM's arrays instead. Writes both, pickled, to OUT.
+"""The vLLM worker's rows against vLLM's own lists. `assert_rows_are_vllms` runs this file in a process of its own
+(`python vllm_own_lists.py MODEL OUT [GPU_SHARE]`, the worker's environment): one vLLM worker engine (float32, on the
+CPU, or on a GPU taking GPU_SHARE of its memory), one batch through the worker's `generate`, then the same batch
+through vLLM's own output processor, whose logprob lists are read here as the worker read them before it took vLLM's
+arrays instead; both pickled to OUT, then compared.
 
 A target asks for the whole vocabulary ("full"), another for its digest, the fillers for 5 logprobs each; every
 request arrives at step 0 under the engine's own budget, so both runs schedule the same passes.
@@ -13,16 +14,19 @@ import hashlib
 import os
 import pickle
 import random
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                  TOKENIZERS_PARALLELISM="false")
+import numpy as np
 
-import numpy as np  # noqa: E402
+from oracle.engines.contract import Request, SamplingParams
+from oracle.engines.vllm_worker import WorkerEngine, WorkerSpec, _sampling_params
 
-from oracle.engines.contract import Request, SamplingParams  # noqa: E402
-from oracle.engines.vllm_worker import WorkerEngine, WorkerSpec, _sampling_params  # noqa: E402
+# The vLLM worker's own settings (oracle.engines.vllm_engine): its engine in the process, one thread.
+WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
+              "TOKENIZERS_PARALLELISM": "false"}
 
 LOGPROBS = 5
 
@@ -69,6 +73,23 @@ def vllms_own_lists(engine: WorkerEngine, reqs: list[Request]) -> dict[str, dict
                     got["top2"].append((float(top[1]), float(top[0])))
                     got["rows"].append(row.tobytes())
     return out
+
+
+def assert_rows_are_vllms(model: Path, tmp_path: Path, gpu_share: float | None = None) -> None:
+    """This file run on `model`: every request's tokens, logprobs, top-2, full rows and digests as the worker gives
+    them equal, bit for bit, what vLLM's own lists hold."""
+    out = tmp_path / "rows.pkl"
+    share = [] if gpu_share is None else [str(gpu_share)]
+    done = subprocess.run([sys.executable, __file__, str(model), str(out), *share], env={**os.environ, **WORKER_ENV},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = pickle.loads(out.read_bytes())
+    worker, own = got["worker"], got["vllm"]
+    assert worker.keys() == own.keys() and len(worker) == 12
+    assert sum(len(w["rows"]) for w in worker.values()) == 6 and len(worker["digest"]["digests"]) == 5
+    for rid, w in worker.items():
+        assert len(w["tokens"]) > 0
+        assert w == own[rid], rid
 
 
 def main(model: str, path: str, gpu_share: str | None = None) -> None:

@@ -47,3 +47,11 @@ def test_bench_workload_smoke_run_writes_both_modes(tmp_path: Path) -> None:
                                                                             "--rounds", "0"]])
 def test_bench_usage_errors_exit_2(argv: list[str]) -> None:
     assert main(argv) == 2
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--vllm-rows", "default,nope"], "unknown row 'nope'"),
+                                                (["--vllm-row-timeout", "0"], "must be > 0")])
+def test_a_bad_vllm_row_option_is_refused_before_any_round(flags: list[str], message: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--workload", "seed", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -281,8 +281,11 @@ class NativeEngine:
 
             return localize_sharded(self, expected, actual, repro_dir)
         from oracle.capture import localize_with
+        from oracle.timings import PhaseClock
 
-        return localize_with(self.capture, expected, actual, repro_dir=repro_dir, seconds=self.localize_seconds)
+        clock = PhaseClock()
+        self.localize_seconds = clock.seconds  # filled as the call goes
+        return localize_with(self.capture, expected, actual, repro_dir=repro_dir, clock=clock)
 
     def capture_ranks(self, run: RunSpec, snapshot_at: Any = None) -> list[dict[str, Any]]:
         """CapturesRanks: `run` captured in every rank (one in this process without ranks)."""
