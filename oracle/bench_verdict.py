@@ -67,6 +67,9 @@ def run_once(target: Target, report_dir: Path, settings: list[str], timeout_s: f
     for setting in settings:
         cmd += ["--set", setting]
     log_path = report_dir.parent / f"{report_dir.name}.log"
+    # An earlier bench's report in a kept folder must never be read as this run's (a run that dies before it
+    # writes one has none).
+    (report_dir / "report.json").unlink(missing_ok=True)
     began = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -53,6 +53,25 @@ def test_a_config_whose_path_holds_an_at_is_a_config_not_a_seed(tmp_path: Path) 
         parse_targets([f"{TINY}@\u00b2"])  # a digit to str.isdigit, not to int()
 
 
+def test_a_kept_folders_earlier_report_is_not_read_as_this_runs(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that ends before it writes a report (here `false` stands in for the interpreter) leaves no verdict
+    behind: the kept folder's earlier passing report is gone, not quoted as this run's."""
+    import shutil
+
+    from oracle import bench_verdict
+
+    report_dir = tmp_path / "1-tiny-run1"
+    report_dir.mkdir()
+    (report_dir / "report.json").write_text('{"complete": true, "exit_code": 0, "checks": [], "timings": {}}')
+    false = shutil.which("false")
+    assert false is not None
+    monkeypatch.setattr(bench_verdict.sys, "executable", false)
+    row = bench_verdict.run_once(bench_verdict.Target(TINY, None), report_dir, [], 30)
+    assert row["exit_code"] != 0 and not row.get("complete") and row["report"].startswith("unreadable")
+    assert not (report_dir / "report.json").exists()
+
+
 def test_a_limit_of_zero_is_refused() -> None:
     assert main(["bench", "verdict", str(TINY), "--run-timeout", "0"]) == 2
 
